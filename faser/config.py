@@ -1,0 +1,76 @@
+"""Frozen configuration of the engine core. Pydantic lives at the edges (HTTP, Ray Serve); here,
+plain frozen dataclasses with derived values as properties."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("off", "fixed", "dsd", "heuristic", "faser", "faser-nooverlap", "faser-noprune")
+MODES = ("overlap", "prune", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class SpecConfig:
+    """How the engine speculates. `policy` names one of POLICIES; `fixed:4` is accepted as a
+    shorthand for policy="fixed", num_speculative_tokens=4."""
+
+    policy: str = "off"
+    num_speculative_tokens: int = 4  # k of `fixed`; the cap of the adaptive policies
+    # batch size -> k, as vLLM / TensorRT-LLM ship it: the first row whose batch size is >= the
+    # number of running requests gives k.
+    dsd_table: tuple[tuple[int, int], ...] = ((1, 5), (4, 4), (8, 3), (16, 2), (32, 1), (64, 0))
+    alpha_prior: float = 0.5  # global prior of per-token acceptance before a request has history
+    alpha_ema: float = 0.3  # weight of the newest step in the per-request acceptance EMA
+    draft_stop_confidence: float = 0.05  # stop drafting a request when its cumulative q falls below
+    frontier_size: int | None = None  # None: chosen by the policy each step
+    profile_cache_dir: str | None = None  # where the cost profile is cached (None: user cache)
+    trace_path: str | None = None  # JSON lines, one per step, when set
+
+    def __post_init__(self) -> None:
+        policy, k = parse_policy(self.policy, self.num_speculative_tokens)
+        object.__setattr__(self, "policy", policy)
+        object.__setattr__(self, "num_speculative_tokens", k)
+        if not 0.0 < self.alpha_prior < 1.0:
+            raise ValueError(f"alpha_prior must lie in (0, 1), got {self.alpha_prior}")
+        if not 0.0 < self.alpha_ema <= 1.0:
+            raise ValueError(f"alpha_ema must lie in (0, 1], got {self.alpha_ema}")
+
+    @property
+    def max_k(self) -> int:
+        return 0 if self.policy == "off" else self.num_speculative_tokens
+
+
+def parse_policy(policy: str, default_k: int) -> tuple[str, int]:
+    """'fixed:4' -> ('fixed', 4); validates the name."""
+    name, _, k_text = policy.partition(":")
+    if name not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    k = int(k_text) if k_text else default_k
+    if not 0 <= k <= 16:
+        raise ValueError(f"num_speculative_tokens must lie in [0, 16], got {k}")
+    return name, k
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = None  # None: the embedded default target
+    draft_model: str | None = None  # None: the embedded default draft when model is None
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 1.0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    max_model_len: int | None = None  # None: the model's own context length
+    num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.block_size < 1 or self.max_num_seqs < 1:
+            raise ValueError("block_size and max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
