@@ -1,0 +1,233 @@
+"""Profiled step times of the target and the draft, the cost side of the goodput model.
+
+The target's time is measured at a few points of the flat batch size (num_tokens), the draft's at a
+few batch sizes; between points the time is interpolated linearly, beyond them extrapolated along
+the last segment. The profile is measured once per model, device, dtype and thread count and cached
+as JSON, so a restart costs no profiling.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TARGET_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
+PROFILE_VERSION = 1
+# The knee is where the part of the step time that grows with the tokens has caught up with the
+# fixed part (t(n) = 2 t(1) on t = t0 + c n, i.e. n = t0 / c).
+KNEE_OVERHEAD = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CostProfile:
+    """Step times in seconds: the target at `target_points` tokens, the draft at `draft_points`
+    sequences. An empty draft profile means drafting is taken as free."""
+
+    target_points: tuple[int, ...]
+    target_times: tuple[float, ...]
+    draft_points: tuple[int, ...] = ()
+    draft_times: tuple[float, ...] = ()
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        _check_curve("target", self.target_points, self.target_times, allow_empty=False)
+        _check_curve("draft", self.draft_points, self.draft_times, allow_empty=True)
+
+    def target_time(self, num_tokens: float) -> float:
+        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens."""
+        if num_tokens <= 0:
+            return 0.0
+        return _interpolate(self.target_points, self.target_times, num_tokens)
+
+    def draft_time(self, batch_size: float) -> float:
+        """Seconds of one draft step over `batch_size` sequences; 0 for none."""
+        if batch_size <= 0 or not self.draft_points:
+            return 0.0
+        return _interpolate(self.draft_points, self.draft_times, batch_size)
+
+    def knee(self, overhead: float = KNEE_OVERHEAD) -> float:
+        """num_tokens where the target turns from memory-bound to compute-bound: the first point
+        where t(n) >= (1 + overhead) t(1), interpolated; inf when the curve never gets there.
+
+        Timing noise is one-sided (contention only slows a forward down), so the curve is first
+        replaced by its lower envelope from the right: a slow outlier cannot fake an early knee."""
+        times = _lower_envelope(self.target_times)
+        threshold = (1.0 + overhead) * times[0]
+        points = self.target_points
+        for j in range(1, len(points)):
+            if times[j] >= threshold:
+                t0, t1 = times[j - 1], times[j]
+                frac = (threshold - t0) / (t1 - t0) if t1 > t0 else 1.0
+                return points[j - 1] + frac * (points[j] - points[j - 1])
+        return _extrapolate_crossing(points, times, threshold)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "version": PROFILE_VERSION,
+            "key": self.key,
+            "target": {"num_tokens": list(self.target_points), "seconds": list(self.target_times)},
+            "draft": {"batch_size": list(self.draft_points), "seconds": list(self.draft_times)},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> CostProfile:
+        if data.get("version") != PROFILE_VERSION:
+            got = data.get("version")
+            raise ValueError(f"profile version must be {PROFILE_VERSION}, got {got}")
+        return cls(
+            target_points=tuple(int(n) for n in data["target"]["num_tokens"]),
+            target_times=tuple(float(t) for t in data["target"]["seconds"]),
+            draft_points=tuple(int(n) for n in data["draft"]["batch_size"]),
+            draft_times=tuple(float(t) for t in data["draft"]["seconds"]),
+            key=str(data.get("key", "")),
+        )
+
+
+def profile(
+    measure_target: Callable[[int], float],
+    measure_draft: Callable[[int], float] | None = None,
+    points: Sequence[int] = TARGET_POINTS,
+    draft_points: Sequence[int] = DRAFT_POINTS,
+    *,
+    repeats: int = 3,
+    warmup: int = 1,
+    key: str = "",
+) -> CostProfile:
+    """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
+    at size n. The median of `repeats` calls per point, after `warmup` discarded calls, then the
+    lower envelope from the right (each time the least measured at that size or beyond): a forward
+    over more tokens never costs less, and timing noise, which only ever slows a forward down, is
+    cut away."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    target_times = _measure_curve(measure_target, points, repeats, warmup)
+    draft_times: tuple[float, ...] = ()
+    if measure_draft is not None:
+        draft_times = _measure_curve(measure_draft, draft_points, repeats, warmup)
+    return CostProfile(
+        target_points=tuple(points),
+        target_times=target_times,
+        draft_points=tuple(draft_points) if measure_draft is not None else (),
+        draft_times=draft_times,
+        key=key,
+    )
+
+
+def profile_key(model: str, device: str, dtype: str, num_threads: int | None) -> str:
+    """The cache key: a profile is only valid for the hardware and precision it was measured on."""
+    return f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "faser" / "profiles"
+
+
+def cache_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A readable, filesystem-safe name plus a hash, so distinct keys never share a file."""
+    readable = re.sub(r"[^A-Za-z0-9._=-]+", "_", key)[:80]
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return directory / f"{readable}-{digest}.json"
+
+
+def save_profile(cost: CostProfile, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cost.to_json(), indent=1))
+    tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+
+
+def load_profile(path: Path) -> CostProfile | None:
+    """The cached profile, or None when absent or unreadable (then it is measured again)."""
+    try:
+        return CostProfile.from_json(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_or_profile(
+    key: str,
+    measure_target: Callable[[int], float],
+    measure_draft: Callable[[int], float] | None = None,
+    points: Sequence[int] = TARGET_POINTS,
+    draft_points: Sequence[int] = DRAFT_POINTS,
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    repeats: int = 3,
+) -> CostProfile:
+    """The cached profile for `key` when it covers the requested points, else a fresh one."""
+    path = cache_path(key, cache_dir)
+    cached = load_profile(path)
+    wanted_draft = tuple(draft_points) if measure_draft is not None else ()
+    if (
+        cached is not None
+        and cached.key == key
+        and cached.target_points == tuple(points)
+        and cached.draft_points == wanted_draft
+    ):
+        return cached
+    cost = profile(measure_target, measure_draft, points, draft_points, repeats=repeats, key=key)
+    save_profile(cost, path)
+    return cost
+
+
+def _measure_curve(
+    measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
+) -> tuple[float, ...]:
+    medians = []
+    for n in points:
+        for _ in range(warmup):
+            measure(n)
+        medians.append(statistics.median(float(measure(n)) for _ in range(repeats)))
+    return tuple(_lower_envelope(medians))
+
+
+def _check_curve(
+    name: str, points: Sequence[int], times: Sequence[float], *, allow_empty: bool
+) -> None:
+    if len(points) != len(times):
+        raise ValueError(f"{name}_points and {name}_times must have the same length")
+    if not points and not allow_empty:
+        raise ValueError(f"{name}_points must not be empty")
+    if any(p < 1 for p in points) or any(b <= a for a, b in zip(points, points[1:], strict=False)):
+        raise ValueError(f"{name}_points must be >= 1 and strictly increasing, got {points}")
+    if any(not (t > 0.0 and math.isfinite(t)) for t in times):
+        raise ValueError(f"{name}_times must be positive and finite, got {times}")
+
+
+def _interpolate(points: Sequence[int], times: Sequence[float], x: float) -> float:
+    """Piecewise linear; below the first point the first time (nothing is cheaper than the
+    smallest forward), above the last the last segment's slope (never decreasing; a single point
+    is taken as flat)."""
+    if x <= points[0] or len(points) == 1:
+        return times[0]
+    j = min(bisect.bisect_right(points, x), len(points) - 1)
+    x0, x1, t0, t1 = points[j - 1], points[j], times[j - 1], times[j]
+    slope = (t1 - t0) / (x1 - x0)
+    if x > x1:
+        slope = max(slope, 0.0)
+    return t0 + slope * (x - x0)
+
+
+def _extrapolate_crossing(points: Sequence[int], times: Sequence[float], threshold: float) -> float:
+    if len(points) < 2:
+        return math.inf
+    slope = (times[-1] - times[-2]) / (points[-1] - points[-2])
+    return points[-1] + (threshold - times[-1]) / slope if slope > 0 else math.inf
+
+
+def _lower_envelope(times: Sequence[float]) -> list[float]:
+    out = list(times)
+    for j in range(len(out) - 2, -1, -1):
+        out[j] = min(out[j], out[j + 1])
+    return out
