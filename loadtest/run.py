@@ -24,7 +24,7 @@ from loadtest.settings import SETTINGS_ENV, LoadSettings
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RECORDS = "records.jsonl"
-STOP_TIMEOUT_S = 30.0  # in-flight requests may finish after the shape ends
+STOP_TIMEOUT_S = 30  # in-flight requests may finish after the shape ends
 OVERRUN_S = 60.0  # beyond duration + stop timeout, the Locust process is killed
 
 
@@ -47,7 +47,7 @@ def run_headless(
     if prometheus:
         _dump_prometheus(prometheus, out_dir, started, ended)
     if not (out_dir / "locust_stats.csv").is_file():
-        raise RuntimeError(f"locust wrote no stats (exit {rc}); see {out_dir / 'locust.log'}")
+        raise RuntimeError(f"locust wrote no stats (exit {rc}); see {out_dir / 'locust.out'}")
     return out_dir
 
 
@@ -56,7 +56,7 @@ def locust_command(host: str, out_dir: Path) -> list[str]:
         sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", host,
         "--csv", str(out_dir / "locust"), "--csv-full-history",
         "--html", str(out_dir / "locust.html"), "--logfile", str(out_dir / "locust.log"),
-        "--stop-timeout", str(STOP_TIMEOUT_S), "--only-summary",
+        "--stop-timeout", f"{STOP_TIMEOUT_S}s", "--only-summary",
     ]
 
 
