@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from faser_kernels.backend import use_triton
 
 
