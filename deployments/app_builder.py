@@ -1,0 +1,65 @@
+"""Binds the Ray Serve application: an OpenAI ingress in front of the engine deployment.
+
+`build_app(args)` is what `serve run deployments:build_app key=value ...` calls; binding loads
+nothing (the engine loads its models in each replica's constructor).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
+from ray.serve.deployment import Application
+
+from deployments.args import AppArgs
+from deployments.autoscaling import faser_autoscaling_policy
+from deployments.engine_deployment import FaserEngine
+from deployments.ingress import OpenAIIngress
+from deployments.router import LoadAwareRequestRouter
+
+INGRESS_MAX_ONGOING = 1024  # the ingress only forwards: backpressure belongs to the engines
+
+
+def build_app(args: AppArgs | dict[str, Any] | None = None) -> Application:
+    args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+    engine = serve.deployment(FaserEngine).options(
+        name="FaserEngine",
+        ray_actor_options=args.ray_actor_options(),
+        max_ongoing_requests=args.max_ongoing_requests,
+        max_queued_requests=args.max_queued_requests,
+        request_router_config=_router_config(args),
+        health_check_period_s=5.0,
+        **_replicas(args),
+    )
+    ingress = serve.deployment(OpenAIIngress).options(
+        name="OpenAIIngress",
+        num_replicas=args.ingress_replicas,
+        max_ongoing_requests=INGRESS_MAX_ONGOING,
+        ray_actor_options={"num_cpus": 0},
+    )
+    engine_app = engine.bind(args.engine_config(), args.target_load, args.served_model_name)
+    return ingress.bind(engine_app, args.retry_after_s)
+
+
+def _router_config(args: AppArgs) -> RequestRouterConfig:
+    if args.router == "power_of_two":
+        return RequestRouterConfig(request_routing_stats_period_s=args.routing_stats_period_s)
+    return RequestRouterConfig(
+        request_router_class=LoadAwareRequestRouter,
+        request_routing_stats_period_s=args.routing_stats_period_s,
+        request_routing_stats_timeout_s=max(1.0, 4 * args.routing_stats_period_s),
+    )
+
+
+def _replicas(args: AppArgs) -> dict[str, Any]:
+    if args.num_replicas != "auto":
+        return {"num_replicas": args.num_replicas}
+    autoscaling = AutoscalingConfig(
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        upscale_delay_s=5.0,
+        downscale_delay_s=60.0,
+        policy=AutoscalingPolicy(policy_function=faser_autoscaling_policy),
+    )
+    return {"autoscaling_config": autoscaling}

@@ -1,0 +1,110 @@
+"""Arguments of `serve run deployments:build_app key=value ...`, validated at the edge.
+
+Every value may arrive as a string from the command line; pydantic turns it into its type or
+answers with an error naming the field. `engine_config()` hands the core its frozen dataclass.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from faser.config import EngineConfig, SpecConfig, parse_policy
+
+
+class AppArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    # what to serve
+    model: str | None = None  # None: the embedded default (SmolLM2-135M-Instruct)
+    draft_model: str | None = None
+    served_model_name: str | None = None  # None: the engine's own name for the model
+    policy: str = "faser"
+    max_k: int = Field(default=4, ge=0, le=16)
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    seed: int = 0
+
+    # engine capacity
+    max_num_seqs: int = Field(default=16, ge=1)
+    max_num_batched_tokens: int = Field(default=512, ge=1)
+    max_model_len: int | None = Field(default=None, ge=2)
+    block_size: int = Field(default=16, ge=1)
+    num_kv_blocks: int | None = Field(default=None, ge=1)
+    kv_cache_memory_gb: float = Field(default=1.0, gt=0)
+
+    # replicas and their resources
+    num_replicas: int | Literal["auto"] = 1
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=4, ge=1)
+    target_load: float = Field(default=0.7, gt=0, le=4.0)  # autoscaling: busy fraction to aim at
+    num_cpus: float = Field(default=1.0, ge=0)
+    num_gpus: float | None = Field(default=None, ge=0)  # None: 1 on cuda, 0 on cpu
+    torch_threads: int | None = Field(default=None, ge=1)  # None: num_cpus (at least 1)
+
+    # backpressure and routing
+    max_ongoing_requests: int = Field(default=32, ge=1)
+    max_queued_requests: int = Field(default=64, ge=-1)  # -1: unbounded
+    retry_after_s: int = Field(default=1, ge=0)
+    router: Literal["load_aware", "power_of_two"] = "load_aware"
+    routing_stats_period_s: float = Field(default=0.5, gt=0)
+    ingress_replicas: int = Field(default=1, ge=1)
+
+    @field_validator("num_replicas", mode="before")
+    @classmethod
+    def _replicas_from_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            if not value.isdigit():
+                raise ValueError("num_replicas must be a positive integer or 'auto'")
+            return int(value)
+        return value
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        parse_policy(value, 4)
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppArgs:
+        if isinstance(self.num_replicas, int) and self.num_replicas < 1:
+            raise ValueError("num_replicas must be >= 1 or 'auto'")
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
+        if self.draft_model is not None and self.model is None:
+            raise ValueError("draft_model needs model: the embedded default brings its own draft")
+        return self
+
+    @property
+    def gpus_per_replica(self) -> float:
+        if self.num_gpus is not None:
+            return self.num_gpus
+        return 1.0 if self.device == "cuda" else 0.0
+
+    @property
+    def threads_per_replica(self) -> int:
+        return self.torch_threads or max(1, int(self.num_cpus))
+
+    def ray_actor_options(self) -> dict[str, Any]:
+        return {"num_cpus": self.num_cpus, "num_gpus": self.gpus_per_replica}
+
+    def engine_config(self) -> EngineConfig:
+        policy, k = parse_policy(self.policy, self.max_k)
+        return EngineConfig(
+            model=self.model,
+            draft_model=self.draft_model,
+            spec=SpecConfig(policy=policy, num_speculative_tokens=k),
+            device=self.device,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory_gb=self.kv_cache_memory_gb,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            num_threads=self.threads_per_replica,
+            seed=self.seed,
+        )

@@ -1,0 +1,91 @@
+"""The engine deployment: one replica holds one engine (draft and target on one device).
+
+It streams StreamStart / StreamDelta / RequestError events to the ingress, takes the fleet's
+load from the router with every request, and reports its load to the router
+(`record_routing_stats`) and the autoscaler (`record_autoscaling_stats`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import torch
+from ray import serve
+
+from deployments.routing_policy import load_from_stats, replica_score
+from deployments.serving import GenerateRequest, OpenAIServing, StreamEvent
+from faser.config import EngineConfig
+from faser.engine.async_engine import AsyncLLMEngine
+
+
+class FaserEngine:
+    def __init__(
+        self, config: EngineConfig, target_load: float = 0.7, served_model_name: str | None = None
+    ) -> None:
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
+        from faser.engine.llm_engine import LLMEngine  # the heavy import only on replicas
+
+        engine = LLMEngine(config)
+        self.engine = engine
+        self.async_engine = AsyncLLMEngine(engine)
+        self.target_load = target_load
+        self.served_model_name = served_model_name or engine.model_name
+        self.capacity = config.max_num_seqs
+        self.replica_id = _replica_id()
+        self.serving = OpenAIServing(
+            self.async_engine,
+            engine.tokenizer,
+            engine.max_model_len,
+            self.replica_id,
+            config.spec.policy,
+        )
+
+    async def model_name(self) -> str:
+        return self.served_model_name
+
+    async def generate(
+        self, request: GenerateRequest, cluster_load: float | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        if cluster_load is not None:
+            self.async_engine.set_cluster_load(cluster_load)
+        async for event in self.serving.stream(request):
+            yield event
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        stats = dict(self.async_engine.load_stats())
+        stats["capacity"] = self.capacity
+        return stats
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        stats = self.async_engine.load_stats()
+        load = replica_score(load_from_stats(self.replica_id, self.capacity, 0, stats))
+        return {
+            "load": load,
+            "target_load": self.target_load,
+            "kv_usage": float(stats.get("kv_usage", 0.0)),
+        }
+
+    def check_health(self) -> None:
+        if not self.async_engine.is_alive():
+            raise RuntimeError("the engine's step loop has stopped")
+
+    def block_usage(self) -> dict[str, int]:
+        """For tests and operators: blocks free and in total, streams open."""
+        return {
+            "num_free_blocks": self.engine.num_free_blocks,
+            "num_total_blocks": self.engine.num_total_blocks,
+            "num_streams": self.async_engine.num_streams,
+        }
+
+    def __del__(self) -> None:
+        if hasattr(self, "async_engine"):
+            self.async_engine.shutdown()
+
+
+def _replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside Ray Serve (tests of the class itself)
+        return "local"

@@ -1,0 +1,212 @@
+"""OpenAI-compatible request and response bodies (pydantic, at the HTTP edge).
+
+Requests are parsed in strict mode from the raw JSON bytes, so a wrongly-typed field (a string
+where a number goes, a bool where an integer goes) is a 400, never silently coerced. Unknown
+fields are ignored, as OpenAI's clients send fields this server has no use for.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from faser.config import POLICIES
+
+MAX_STOP_STRINGS = 4
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class SpeculationOptions(_Request):
+    """The `speculation` extension: override the replica's policy for one request."""
+
+    policy: Literal[POLICIES] | None = None  # type: ignore[valid-type]
+    max_k: int | None = Field(default=None, ge=0, le=16)
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _SamplingRequest(_Request):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    speculation: SpeculationOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS or any(not s for s in strings):
+            raise ValueError(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings")
+        return stop
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_SamplingRequest):
+    # one prompt (n=1): text, token ids, or a list holding one text
+    prompt: str | list[int] | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > 1:
+            raise ValueError("only one prompt per request is supported")
+        if len(prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        return prompt
+
+    def prompt_input(self) -> str | list[int]:
+        if isinstance(self.prompt, list) and isinstance(self.prompt[0], str):
+            return self.prompt[0]
+        return self.prompt  # type: ignore[return-value]
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class SpeculationReport(BaseModel):
+    """Per-request speculation figures, returned in every response (the extension's answer)."""
+
+    policy: str | None = None
+    drafted: int = 0
+    accepted: int = 0
+    mean_acceptance_length: float = 0.0
+    mode: str | None = None
+
+
+def _completion_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class _Response(BaseModel):
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: _completion_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    speculation: SpeculationReport | None = None
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatMessageOut
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(_Response):
+    id: str = Field(default_factory=lambda: _completion_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    speculation: SpeculationReport | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    speculation: SpeculationReport | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "faser"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

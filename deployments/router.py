@@ -1,0 +1,73 @@
+"""A Ray Serve RequestRouter that sends each request to the least loaded engine replica and
+tells that replica how loaded the whole fleet is.
+
+The policy itself lives in routing_policy (pure functions); this class only gathers the figures:
+each replica's `record_routing_stats` (engine load, KV use, mode, acceptance) and this router's
+own count of requests in flight per replica. The fleet's load rides along with the request in the
+`cluster_load` keyword argument (when the call has one), so every replica's mode controller
+switches between overlap and prune as the load on the fleet, not only its own, changes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ray.serve.request_router import (
+    FIFOMixin,
+    PendingRequest,
+    ReplicaID,
+    ReplicaResult,
+    RequestRouter,
+    RunningReplica,
+)
+
+from deployments.routing_policy import ReplicaLoad, cluster_load, load_from_stats, rank_replicas
+
+CLUSTER_LOAD_KWARG = "cluster_load"
+
+
+class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
+    def initialize_state(self, **kwargs) -> None:
+        self._inflight: dict[ReplicaID, int] = defaultdict(int)
+        self._inflight_requests: dict[str, ReplicaID] = {}
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        loads = [self._load(r) for r in candidate_replicas]
+        if pending_request is not None:
+            # past the first round Ray backs off instead of spinning on full replicas
+            pending_request.routing_context.should_backoff = True
+            if CLUSTER_LOAD_KWARG in pending_request.kwargs:
+                pending_request.kwargs[CLUSTER_LOAD_KWARG] = cluster_load(self._all_loads(loads))
+        return [[by_id[i] for i in rank] for rank in rank_replicas(loads)]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
+    ) -> None:
+        request_id = pending_request.metadata.internal_request_id
+        self._inflight_requests[request_id] = replica_id
+        self._inflight[replica_id] += 1
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        if self._inflight_requests.pop(internal_request_id, None) is not None:
+            self._inflight[replica_id] = max(0, self._inflight[replica_id] - 1)
+
+    def _load(self, replica: RunningReplica) -> ReplicaLoad:
+        return load_from_stats(
+            replica.replica_id.unique_id,
+            replica.max_ongoing_requests,
+            self._inflight.get(replica.replica_id, 0),
+            replica.routing_stats or {},
+        )
+
+    def _all_loads(self, candidate_loads: list[ReplicaLoad]) -> list[ReplicaLoad]:
+        """The whole fleet, not only the candidates of this round (locality may narrow them)."""
+        seen = {load.replica_id for load in candidate_loads}
+        rest = [self._load(r) for r in self.curr_replicas.values()]
+        return candidate_loads + [load for load in rest if load.replica_id not in seen]

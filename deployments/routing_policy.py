@@ -1,0 +1,79 @@
+"""The load-aware routing policy, as pure functions over replica load figures (no Ray here).
+
+Each replica reports its engine's load (`record_routing_stats`) every fraction of a second; the
+router also counts the requests it sent that have not completed, which is exact for its own
+traffic and fresher than any report. A replica's load is the larger of the two, over its
+capacity, plus a KV term so that a replica whose cache is nearly full (long sequences) looks
+busier than one with as many short requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+KV_WEIGHT = 0.5  # a full KV cache counts as half a replica's worth of requests
+TIE_TOLERANCE = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    replica_id: str
+    capacity: int  # requests the replica takes at once (max_ongoing_requests)
+    num_inflight: int = 0  # sent by this router and not completed
+    num_running: int = 0  # reported by the engine
+    num_waiting: int = 0  # reported by the engine
+    kv_usage: float = 0.0  # reported, in [0, 1]
+    alpha: float = 0.0  # reported mean acceptance estimate
+    mode: str = ""
+
+    @property
+    def num_requests(self) -> int:
+        return max(self.num_inflight, self.num_running + self.num_waiting)
+
+
+def load_from_stats(
+    replica_id: str, capacity: int, num_inflight: int, stats: Mapping[str, Any]
+) -> ReplicaLoad:
+    """Builds a ReplicaLoad from a replica's routing stats; missing figures count as idle and
+    the engine's own capacity (max_num_seqs) wins over the deployment's."""
+    return ReplicaLoad(
+        replica_id=replica_id,
+        capacity=max(1, int(stats.get("capacity", capacity))),
+        num_inflight=num_inflight,
+        num_running=int(stats.get("num_running", 0)),
+        num_waiting=int(stats.get("num_waiting", 0)),
+        kv_usage=float(stats.get("kv_usage", 0.0)),
+        alpha=float(stats.get("alpha", 0.0)),
+        mode=str(stats.get("mode", "")),
+    )
+
+
+def replica_score(load: ReplicaLoad) -> float:
+    """Lower is better: the busy fraction of the replica plus its KV pressure."""
+    return load.num_requests / load.capacity + KV_WEIGHT * min(max(load.kv_usage, 0.0), 1.0)
+
+
+def rank_replicas(loads: Sequence[ReplicaLoad]) -> list[list[str]]:
+    """Replica ids grouped by score, least loaded first; equal scores share a rank (Ray then
+    picks among them by queue length). Ties within a group prefer higher acceptance."""
+    ordered = sorted(loads, key=lambda r: (replica_score(r), -r.alpha, r.replica_id))
+    ranks: list[list[str]] = []
+    last_score = None
+    for load in ordered:
+        score = replica_score(load)
+        if last_score is None or score - last_score > TIE_TOLERANCE:
+            ranks.append([])
+            last_score = score
+        ranks[-1].append(load.replica_id)
+    return ranks
+
+
+def cluster_load(loads: Sequence[ReplicaLoad]) -> float:
+    """The fleet's busy fraction, 0 (idle) to 1 (every replica full) and past 1 when requests
+    queue: the signal each replica's mode controller gets with every request."""
+    capacity = sum(load.capacity for load in loads)
+    if capacity == 0:
+        return 0.0
+    return sum(load.num_requests for load in loads) / capacity

@@ -1,0 +1,162 @@
+"""The engine side of the OpenAI API: prompt rendering, validation against the context window,
+and one event stream per request.
+
+A stream opens with exactly one StreamStart or RequestError and then carries StreamDelta until
+the one with `finished` set. These plain dataclasses are what crosses from the engine replica to
+the HTTP ingress, so the ingress needs neither the tokenizer nor the engine.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from faser.engine.async_engine import AsyncLLMEngine, StreamDelta, TextDeltas, to_delta
+from faser.outputs import RequestOutput
+from faser.sampling_params import SamplingParams
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    kind: Literal["completion", "chat"]
+    prompt: str | list[int] | None = None  # completion
+    messages: tuple[dict[str, str], ...] = ()  # chat
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    speculation: dict[str, Any] | None = None  # {"policy": ..., "max_k": ...}, None values dropped
+
+
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    request_id: str
+    num_prompt_tokens: int
+    replica: str = ""
+    policy: str | None = None  # the replica's default policy
+
+
+@dataclass(frozen=True, slots=True)
+class RequestError:
+    status: int
+    message: str
+    param: str | None = None
+    type: str = "invalid_request_error"
+    code: str | None = None
+
+
+class BadRequest(ValueError):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+StreamEvent = StreamStart | StreamDelta | RequestError
+
+
+class OpenAIServing:
+    """Renders requests into token ids and sampling parameters and streams the engine's work."""
+
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        tokenizer: Any,
+        max_model_len: int,
+        replica: str = "",
+        policy: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.replica = replica
+        self.policy = policy
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        request_id = uuid.uuid4().hex
+        try:
+            prompt_ids = self.prompt_ids(request)
+            params = self.sampling_params(request, len(prompt_ids))
+            outputs = self.engine.generate(request_id, prompt_ids, params, request.speculation)
+            first = await anext(outputs)
+        except BadRequest as exc:
+            yield RequestError(400, str(exc), exc.param)
+            return
+        except ValueError as exc:  # the engine's own validation
+            yield RequestError(400, str(exc))
+            return
+        deltas = TextDeltas(params.stop)
+        try:
+            yield StreamStart(request_id, len(prompt_ids), self.replica, self.policy)
+            yield self._delta(first, deltas)
+            async for output in outputs:
+                yield self._delta(output, deltas)
+        finally:
+            await outputs.aclose()  # aborts the request if the consumer left early
+
+    def _delta(self, output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
+        delta = to_delta(output, deltas)
+        if delta.finished:
+            delta.mode = self.engine.load_stats().get("mode")
+        return delta
+
+    def prompt_ids(self, request: GenerateRequest) -> list[int]:
+        ids = self._render(request)
+        if not ids:
+            raise BadRequest("the prompt is empty", "prompt")
+        if len(ids) >= self.max_model_len:
+            raise BadRequest(
+                f"the prompt has {len(ids)} tokens, but this model's maximum context length is "
+                f"{self.max_model_len} tokens, which leaves no room for output",
+                "messages" if request.kind == "chat" else "prompt",
+            )
+        return ids
+
+    def sampling_params(self, request: GenerateRequest, num_prompt_tokens: int) -> SamplingParams:
+        room = self.max_model_len - num_prompt_tokens
+        max_tokens = request.max_tokens
+        if max_tokens is None:
+            default = DEFAULT_COMPLETION_MAX_TOKENS if request.kind == "completion" else room
+            max_tokens = min(default, room)
+        elif max_tokens > room:
+            raise BadRequest(
+                f"this model's maximum context length is {self.max_model_len} tokens; you asked "
+                f"for {num_prompt_tokens + max_tokens} ({num_prompt_tokens} in the prompt, "
+                f"{max_tokens} in the completion)",
+                "max_tokens",
+            )
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=request.stop,
+        )
+
+    def _render(self, request: GenerateRequest) -> list[int]:
+        if request.kind == "chat":
+            return self._render_chat(request.messages)
+        if isinstance(request.prompt, list):
+            return self._check_ids(request.prompt)
+        if self.tokenizer is None:
+            raise BadRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
+        return list(self.tokenizer.encode(request.prompt, add_special_tokens=False))
+
+    def _render_chat(self, messages: tuple[dict[str, str], ...]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise BadRequest("this model has no chat template", "messages")
+        text = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=False
+        )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _check_ids(self, ids: list[int]) -> list[int]:
+        vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
+        for token_id in ids:
+            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                raise BadRequest(f"token id {token_id} lies outside the vocabulary", "prompt")
+        return ids

@@ -1,0 +1,229 @@
+"""The engine's step loop on a background thread, with one async token stream per request.
+
+Only the loop thread ever touches the engine: adds, aborts and the cluster-load signal are
+queued as commands and applied between steps, so the engine needs no lock and a request is
+validated (and rejected with ValueError) before its stream starts. A stream that is closed or
+cancelled before its request finishes aborts the request, which frees its KV blocks before the
+next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from faser.outputs import RequestOutput, SpecStats
+from faser.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(slots=True)
+class StreamDelta:
+    """What one step added to one request, as a client sees it."""
+
+    request_id: str
+    text: str  # new text since the previous delta
+    token_ids: list[int]  # tokens committed in this step
+    num_prompt_tokens: int
+    num_output_tokens: int
+    finished: bool
+    finish_reason: str | None
+    spec: SpecStats = field(default_factory=SpecStats)
+    mode: str | None = None  # the engine's mode when the request finished
+
+
+class TextDeltas:
+    """Turns the engine's full decoded text into deltas that never need to be taken back.
+
+    Held back: a trailing replacement character (an incomplete UTF-8 sequence that the next
+    token may complete) and a suffix that could be the start of a stop string (the engine trims
+    a matched stop string from the text, so it must never reach the client)."""
+
+    def __init__(self, stop: tuple[str, ...] = ()) -> None:
+        self.stop = stop
+        self.sent = ""
+
+    def delta(self, text: str, finished: bool) -> str:
+        ready = text if finished else text[: len(text) - self._held_back(text)]
+        if not ready.startswith(self.sent) or len(ready) <= len(self.sent):
+            return ""
+        new, self.sent = ready[len(self.sent) :], ready
+        return new
+
+    def _held_back(self, text: str) -> int:
+        held = len(text) - len(text.rstrip(REPLACEMENT_CHAR))
+        for stop in self.stop:
+            for n in range(min(len(stop) - 1, len(text)), 0, -1):
+                if text.endswith(stop[:n]):
+                    held = max(held, n)
+                    break
+        return held
+
+
+@dataclass(slots=True)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue[RequestOutput | BaseException]
+
+
+class AsyncLLMEngine:
+    """Runs `engine.step()` on a daemon thread while requests wait on asyncio queues."""
+
+    def __init__(self, engine: Any, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._streams: dict[str, _Stream] = {}
+        self._wakeup = threading.Event()
+        self._stopped = threading.Event()
+        self._stats: dict[str, Any] = dict(engine.load_stats())
+        self._thread = threading.Thread(target=self._run, name="faser-step-loop", daemon=True)
+        self._thread.start()
+
+    # ---- public, called from any event loop ------------------------------------------------
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        spec: dict | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Adds the request (ValueError on bad input, raised before the first output) and yields
+        its outputs until it finishes. Leaving the loop early aborts the request."""
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        await self._call(lambda: self._add(request_id, prompt, params, spec, stream))
+        finished = False
+        try:
+            while not finished:
+                item = await stream.outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self._submit(lambda: self._abort(request_id))
+
+    def set_cluster_load(self, load: float) -> None:
+        self._submit(lambda: self.engine.set_cluster_load(load))
+
+    def load_stats(self) -> dict[str, Any]:
+        """The engine's load figures as of the latest step (no lock: a dict swap is atomic)."""
+        return self._stats
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._wakeup.set()
+        self._thread.join(timeout=5.0)
+
+    # ---- loop thread -------------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # handed to the caller, never kills the loop
+                future.set_exception(exc)
+
+        self._submit(run)
+        return await asyncio.wrap_future(future)
+
+    def _submit(self, command: Callable[[], None]) -> None:
+        self._commands.put(command)
+        self._wakeup.set()
+
+    def _add(self, request_id, prompt, params, spec, stream: _Stream) -> None:
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        self.engine.add_request(request_id, prompt, params, spec=spec)
+        self._streams[request_id] = stream
+
+    def _abort(self, request_id: str) -> None:
+        if self._streams.pop(request_id, None) is not None:
+            self.engine.abort_request(request_id)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            self._drain_commands()
+            if not self.engine.has_unfinished_requests():
+                self._stats = dict(self.engine.load_stats())
+                self._wakeup.wait(self.idle_wait_s)
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception as exc:
+                logger.exception("engine step failed; failing its requests")
+                self._fail_all(exc)
+                continue
+            self._stats = dict(self.engine.load_stats())
+            self._dispatch(outputs)
+
+    def _drain_commands(self) -> None:
+        while True:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                command()
+            except Exception:
+                logger.exception("engine command failed")
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            stream = self._streams.get(output.request_id)
+            if stream is None:  # aborted while the step ran
+                continue
+            if output.finished:
+                del self._streams[output.request_id]
+            _deliver(stream, output)
+
+    def _fail_all(self, exc: Exception) -> None:
+        for request_id, stream in list(self._streams.items()):
+            with contextlib.suppress(Exception):
+                self.engine.abort_request(request_id)
+            _deliver(stream, RuntimeError(f"engine step failed: {exc}"))
+        self._streams.clear()
+
+
+def _deliver(stream: _Stream, item: RequestOutput | BaseException) -> None:
+    # a caller whose event loop has closed has gone away; its request is aborted by then
+    with contextlib.suppress(RuntimeError):
+        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+
+
+def to_delta(output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
+    return StreamDelta(
+        request_id=output.request_id,
+        text=deltas.delta(output.text or "", output.finished),
+        token_ids=list(output.new_token_ids),
+        num_prompt_tokens=len(output.prompt_token_ids),
+        num_output_tokens=len(output.token_ids),
+        finished=output.finished,
+        finish_reason=output.finish_reason,
+        spec=output.spec,
+    )

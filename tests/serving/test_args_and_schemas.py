@@ -1,0 +1,85 @@
+"""AppArgs (serve run arguments) and the OpenAI request schemas, without Ray or a model."""
+
+import pytest
+from pydantic import ValidationError
+
+from deployments.args import AppArgs
+from deployments.openai_schemas import ChatCompletionRequest, CompletionRequest
+from faser.engine.async_engine import TextDeltas
+
+
+def test_command_line_strings_become_typed_arguments():
+    args = AppArgs.model_validate(
+        {"model": "/m", "draft_model": "/d", "device": "cuda", "num_replicas": "auto",
+         "max_k": "3", "policy": "fixed"}
+    )
+    assert args.num_replicas == "auto" and args.max_k == 3 and args.gpus_per_replica == 1.0
+    config = args.engine_config()
+    assert config.spec.policy == "fixed" and config.spec.num_speculative_tokens == 3
+    assert AppArgs.model_validate({"num_replicas": "2"}).num_replicas == 2
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"num_replicas": "many"}, "num_replicas"),
+        ({"policy": "magic"}, "policy"),
+        ({"device": "tpu"}, "device"),
+        ({"max_k": 99}, "max_k"),
+        ({"draft_model": "/d"}, "draft_model"),
+        ({"modle": "/m"}, "modle"),
+    ],
+)
+def test_bad_arguments_name_the_field(bad, field):
+    with pytest.raises(ValidationError, match=field):
+        AppArgs.model_validate(bad)
+
+
+def test_cpu_replicas_default_to_no_gpu_and_one_thread():
+    args = AppArgs()
+    assert args.ray_actor_options() == {"num_cpus": 1.0, "num_gpus": 0.0}
+    assert args.engine_config().num_threads == 1
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"model": "m", "prompt": "hi", "max_tokens": "5"}',  # string for an integer
+        b'{"model": "m", "prompt": "hi", "temperature": -0.5}',
+        b'{"model": "m", "prompt": "hi", "stream": "yes"}',
+        b'{"model": "m", "prompt": "hi", "n": 2}',
+        b'{"model": "m", "prompt": ""}',
+        b'{"model": "m", "prompt": ["a", "b"]}',
+        b'{"model": "m", "prompt": "hi", "speculation": {"policy": "magic"}}',
+        b'{"model": "m", "prompt": "hi", "speculation": {"max_k": -1}}',
+        b'{"prompt": "hi"}',
+        b'{"model": "m", "prompt": "hi",',
+    ],
+)
+def test_bad_completion_bodies_are_rejected(body):
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate_json(body)
+
+
+def test_chat_request_renders_text_parts_and_prefers_max_completion_tokens():
+    request = ChatCompletionRequest.model_validate_json(
+        b'{"model": "m", "max_tokens": 9, "max_completion_tokens": 4, "messages": '
+        b'[{"role": "user", "content": [{"type": "text", "text": "a"}, '
+        b'{"type": "text", "text": "b"}]}], "stop": "x", "unknown_field": 1}'
+    )
+    assert request.conversation() == [{"role": "user", "content": "ab"}]
+    assert request.max_new_tokens == 4 and request.stop_strings() == ("x",)
+
+
+def test_text_deltas_hold_back_a_partial_stop_string_and_incomplete_characters():
+    deltas = TextDeltas(stop=("END",))
+    assert deltas.delta("Hello E", finished=False) == "Hello "
+    assert deltas.delta("Hello EN", finished=False) == ""
+    assert deltas.delta("Hello ENx", finished=False) == "ENx"
+    assert deltas.delta("Hello ENx \ufffd", finished=False) == " "
+    assert deltas.delta("Hello ENx é", finished=False) == "é"
+    # the engine trimmed a matched stop string: nothing of it was ever sent
+    trimmed = TextDeltas(stop=("END",))
+    assert trimmed.delta("ab EN", finished=False) == "ab "
+    assert trimmed.delta("ab ", finished=True) == ""
+    assert trimmed.sent == "ab "

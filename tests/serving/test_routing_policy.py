@@ -1,0 +1,67 @@
+"""The load-aware routing policy and the autoscaling arithmetic, as pure functions."""
+
+import pytest
+
+from deployments.autoscaling import desired_replicas
+from deployments.routing_policy import (
+    ReplicaLoad,
+    cluster_load,
+    load_from_stats,
+    rank_replicas,
+    replica_score,
+)
+
+
+def load(replica_id: str, **figures) -> ReplicaLoad:
+    return ReplicaLoad(replica_id=replica_id, capacity=figures.pop("capacity", 8), **figures)
+
+
+def test_least_loaded_replica_ranks_first():
+    loads = [load("a", num_running=6), load("b", num_running=1), load("c", num_running=3)]
+    assert rank_replicas(loads) == [["b"], ["c"], ["a"]]
+
+
+def test_own_inflight_count_beats_a_stale_report():
+    # "a" reported idle a moment ago, but this router has just sent it 5 requests
+    loads = [load("a", num_inflight=5), load("b", num_running=2)]
+    assert rank_replicas(loads)[0] == ["b"]
+
+
+def test_full_kv_cache_counts_as_load():
+    # as many requests, but "a" holds long sequences: its cache is nearly full
+    loads = [load("a", num_running=2, kv_usage=0.9), load("b", num_running=2, kv_usage=0.1)]
+    assert rank_replicas(loads) == [["b"], ["a"]]
+
+
+def test_equal_scores_share_a_rank_ordered_by_acceptance():
+    loads = [load("a", num_running=2, alpha=0.3), load("b", num_running=2, alpha=0.8)]
+    assert rank_replicas(loads) == [["b", "a"]]
+
+
+def test_score_is_relative_to_capacity():
+    small = load("small", capacity=2, num_running=2)
+    large = load("large", capacity=16, num_running=4)
+    assert replica_score(small) > replica_score(large)
+    assert rank_replicas([small, large])[0] == ["large"]
+
+
+def test_cluster_load_is_the_fleets_busy_fraction():
+    assert cluster_load([]) == 0.0
+    idle = [load("a"), load("b")]
+    assert cluster_load(idle) == 0.0
+    busy = [load("a", num_running=8, num_waiting=4), load("b", num_running=4)]
+    assert cluster_load(busy) == pytest.approx(16 / 16)
+
+
+def test_stats_from_a_replica_with_missing_figures_count_as_idle():
+    replica = load_from_stats("r", capacity=4, num_inflight=1, stats={})
+    assert (replica.num_running, replica.kv_usage, replica.num_requests) == (0, 0.0, 1)
+    reported = load_from_stats("r", 32, 0, {"num_running": 3, "num_waiting": 2, "capacity": 8})
+    assert reported.capacity == 8 and reported.num_requests == 5
+
+
+def test_desired_replicas_keeps_mean_load_at_target():
+    assert desired_replicas([0.9, 0.9], target_load=0.6) == pytest.approx(3.0)
+    assert desired_replicas([0.0, 0.1], target_load=0.5) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="target_load"):
+        desired_replicas([1.0], target_load=0.0)
