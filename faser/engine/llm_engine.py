@@ -1,0 +1,235 @@
+"""The engine: one `step()` schedules, chooses k, proposes, verifies and commits."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import torch
+
+from faser.config import EngineConfig, SpecConfig, parse_policy
+from faser.engine.model_pair import load_pair
+from faser.engine.scheduler import Scheduler, SchedulerOutput
+from faser.engine.sequence import Sequence
+from faser.engine.stop import append_tokens
+from faser.outputs import RequestOutput, SpecStats
+from faser.runner.block_manager import BlockManager
+from faser.runner.kv_cache import kv_bytes_per_slot
+from faser.runner.model_runner import ModelRunner
+from faser.sampling_params import SamplingParams
+from faser.spec.speculator import Speculator
+from faser.spec.state import SpecState
+from faser.spec.verifier import Verdict
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        # denormals in tiny activations made batched generation 20x slower on this CPU
+        torch.set_flush_denormal(True)
+        self.pair = load_pair(config, max_k=16)
+        self.tokenizer = self.pair.tokenizer
+        self.model_name = self.pair.model_name
+        num_blocks = config.num_kv_blocks or self._blocks_for_memory()
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        # a request must always fit alone, or preemption could not make room for it
+        self.max_model_len = min(self.pair.max_model_len, num_blocks * config.block_size - 17)
+        self.target = ModelRunner(self.pair.target, num_blocks, config.block_size, config.device)
+        draft = None
+        if self.pair.draft is not None:
+            draft = ModelRunner(self.pair.draft, num_blocks, config.block_size, config.device)
+        self.scheduler = Scheduler(config, self.blocks)
+        self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map)
+        self._ids = itertools.count()
+        self._aborted: list[Sequence] = []
+
+    def _blocks_for_memory(self) -> int:
+        dtype = next(self.pair.target.parameters()).dtype
+        per_slot = sum(
+            kv_bytes_per_slot(len(m.layers), m.num_kv_heads, m.head_dim, dtype)
+            for m in (self.pair.target, self.pair.draft) if m is not None
+        )
+        slots = int(self.config.kv_cache_memory_gb * 2**30 / per_slot)
+        return max(4, slots // self.config.block_size)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: str | list[int],
+        params: SamplingParams,
+        spec: dict | None = None,
+    ) -> str:
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        prompt_ids = self._tokenize(prompt)
+        self._check_lengths(prompt_ids, params)
+        generator = torch.Generator()
+        generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        seq = Sequence(request_id, prompt_ids, params, self._spec_state(spec), generator)
+        self.scheduler.add(seq)
+        return request_id
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt: this model has no tokenizer; pass token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        vocab = self.pair.target.config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        return ids
+
+    def _check_lengths(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"
+            )
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens ({params.max_tokens}) plus the prompt ({len(prompt_ids)} tokens) "
+                f"exceeds max_model_len ({self.max_model_len})"
+            )
+
+    def _spec_state(self, spec: dict | None) -> SpecState:
+        base = self.config.spec
+        policy, max_k = base.policy, base.num_speculative_tokens
+        if spec:
+            unknown = set(spec) - {"policy", "max_k"}
+            if unknown:
+                raise ValueError(f"speculation: unknown fields {sorted(unknown)}")
+            policy, max_k = parse_policy(spec.get("policy", policy), spec.get("max_k", max_k))
+        if policy != "off" and not self.speculator.has_draft:
+            if spec and spec.get("policy", "off") != "off":
+                raise ValueError("speculation.policy: this engine has no draft model")
+            policy = "off"
+        return SpecState(alpha=base.alpha_prior, policy=policy, max_k=max_k)
+
+    def abort_request(self, request_id: str) -> bool:
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        seq.finish_reason = "abort"
+        self.scheduler.finish(seq)
+        self._aborted.append(seq)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        verdicts, prefill_tokens = self.speculator.run(
+            sched.decodes, sched.prefills, self._load(sched), self._reserve
+        )
+        return self._commit(sched, verdicts, prefill_tokens)
+
+    def _reserve(self, seq: Sequence, num_slots: int) -> bool:
+        return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)
+
+    def _commit(
+        self, sched: SchedulerOutput, verdicts: list[Verdict], prefill_tokens: list[int | None]
+    ) -> list[RequestOutput]:
+        progressed: list[tuple[Sequence, list[int]]] = []
+        for seq, verdict in zip(sched.decodes, verdicts, strict=True):
+            progressed.append((seq, self._append(seq, verdict.token_ids)))
+        for (seq, _), token in zip(sched.prefills, prefill_tokens, strict=True):
+            if token is not None:
+                progressed.append((seq, self._append(seq, [token])))
+        outputs = [self._output(seq, new) for seq, new in progressed]
+        outputs += [self._output(seq, []) for seq in self._aborted]
+        self._aborted.clear()
+        return outputs
+
+    def _append(self, seq: Sequence, token_ids: list[int]) -> list[int]:
+        new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)
+        if seq.first_token_time is None:
+            seq.first_token_time = _now()
+        # roll back what the draft and target computed past the committed tokens
+        seq.num_cached = min(seq.num_cached, seq.num_tokens - 1)
+        seq.num_draft_cached = min(seq.num_draft_cached, seq.num_tokens - 1)
+        self.blocks.truncate(seq.block_table, seq.num_tokens)
+        if seq.finish_reason is not None:
+            seq.finish_time = _now()
+            self.scheduler.finish(seq)
+        return new
+
+    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            prompt_token_ids=seq.prompt_token_ids,
+            token_ids=list(seq.output_token_ids),
+            text=seq.text,
+            finished=seq.finish_reason is not None,
+            finish_reason=seq.finish_reason,
+            spec=replace(seq.stats),
+            new_token_ids=new_token_ids,
+            metrics=_metrics(seq),
+        )
+
+    # -- load -------------------------------------------------------------------------------
+
+    def _load(self, sched: SchedulerOutput):
+        from faser.spec.plan import LoadView
+
+        return LoadView(
+            num_running=len(sched.decodes),
+            num_waiting=len(self.scheduler.waiting),
+            num_prefill_tokens=sched.num_prefill_tokens,
+            token_budget=sched.token_budget_left,
+            kv_usage=self.blocks.usage,
+            cluster_load=self.speculator.cluster_load,
+        )
+
+    def load_stats(self) -> dict[str, float | int | str]:
+        running = self.scheduler.running
+        alphas = [s.spec_state.alpha for s in running]
+        return {
+            "num_running": len(running),
+            "num_waiting": len(self.scheduler.waiting),
+            "kv_usage": self.blocks.usage,
+            "mode": self.speculator.mode,
+            "alpha": sum(alphas) / len(alphas) if alphas else self.config.spec.alpha_prior,
+        }
+
+    def set_cluster_load(self, load: float) -> None:
+        self.speculator.cluster_load = load
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.blocks.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        return self.blocks.num_blocks
+
+    @property
+    def stats(self) -> SpecStats:
+        return self.speculator.stats
+
+    @property
+    def spec_config(self) -> SpecConfig:
+        return self.config.spec
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+def _metrics(seq: Sequence) -> dict[str, float]:
+    metrics = {"arrival_time": seq.arrival_time}
+    if seq.first_token_time is not None:
+        metrics["first_token_time"] = seq.first_token_time
+    if seq.finish_time is not None:
+        metrics["finish_time"] = seq.finish_time
+    return metrics

@@ -1,0 +1,103 @@
+"""The target, the optional draft and the tokenizer, loaded and checked against each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from faser.config import EngineConfig
+from faser.models.loader import load_hf_config, load_model
+
+DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
+
+
+@dataclass
+class ModelPair:
+    target: nn.Module
+    draft: nn.Module | None
+    tokenizer: object | None
+    token_map: torch.Tensor | None  # [draft_vocab] int64
+    model_name: str
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+
+def resolve(path: str | None, kind: str) -> Path:
+    if path is not None and (Path(path) / "config.json").is_file():
+        return Path(path)
+    from faser.models.resolver import resolve_model
+
+    return Path(resolve_model(path, kind=kind))
+
+
+def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
+    target_dir = resolve(config.model, "target")
+    draft_name = config.draft_model
+    if config.model is None and draft_name is None:
+        draft_name = "default-draft"
+    hf_config = load_hf_config(target_dir)
+    max_len = config.max_model_len or int(getattr(hf_config, "max_position_embeddings", 4096))
+    # rotary tables must also cover draft and verify positions past the last committed token
+    max_position = max_len + max_k + 2
+    target = load_model(target_dir, config.device, config.dtype, max_position)
+    draft, token_map = None, None
+    if draft_name is not None:
+        draft_dir = resolve(draft_name, "draft")
+        draft = load_model(draft_dir, config.device, config.dtype, max_position)
+        token_map = _load_token_map(draft_dir)
+        check_vocab(target, draft, token_map)
+    tokenizer = _load_tokenizer(target_dir)
+    return ModelPair(
+        target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
+        _eos_ids(hf_config, tokenizer, target_dir),
+    )
+
+
+def check_vocab(target: nn.Module, draft: nn.Module, token_map: torch.Tensor | None) -> None:
+    target_vocab = target.config.vocab_size
+    if token_map is None and draft.config.vocab_size != target_vocab:
+        raise ValueError(
+            f"draft_model vocabulary ({draft.config.vocab_size}) does not match the target's "
+            f"({target_vocab})"
+        )
+    if token_map is not None and (
+        token_map.numel() != draft.config.vocab_size or int(token_map.max()) >= target_vocab
+    ):
+        raise ValueError("draft_model token map does not fit the target's vocabulary")
+
+
+def _load_token_map(draft_dir: Path) -> torch.Tensor | None:
+    path = draft_dir / DRAFT_TOKEN_MAP
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(path)["token_map"].long()
+
+
+def _load_tokenizer(path: Path):
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _eos_ids(hf_config, tokenizer, path: Path) -> frozenset[int]:
+    ids: set[int] = set()
+    sources = [getattr(hf_config, "eos_token_id", None)]
+    if (path / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        sources.append(GenerationConfig.from_pretrained(path).eos_token_id)
+    if tokenizer is not None:
+        sources.append(tokenizer.eos_token_id)
+    for source in sources:
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return frozenset(ids)

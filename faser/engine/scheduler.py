@@ -1,0 +1,114 @@
+"""Continuous batching under a token budget.
+
+Each step, running requests that decode come first (one token each, plus whatever speculation the
+policy adds later from the budget left), then chunks of prefills, oldest first. When KV blocks run
+out, the newest running request is preempted: its blocks are freed and it is recomputed later from
+its prompt and the tokens it already has, so memory pressure never fails a request."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from faser.config import EngineConfig
+from faser.engine.sequence import Sequence, SequenceStatus
+from faser.runner.block_manager import BlockManager
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    decodes: list[Sequence] = field(default_factory=list)
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (request, chunk length)
+    token_budget_left: int = 0
+    num_preempted: int = 0
+
+    @property
+    def empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(n for _, n in self.prefills)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.blocks = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput(token_budget_left=self.max_num_batched_tokens)
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            if seq.is_decoding:
+                if self._reserve_decode(seq, out):
+                    out.decodes.append(seq)
+                    out.token_budget_left -= 1
+            else:
+                self._schedule_prefill(seq, out)
+        while self.waiting and len(self.running) < self.max_num_seqs and out.token_budget_left:
+            seq = self.waiting[0]
+            if not self._schedule_prefill(seq, out):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+        return out
+
+    def _reserve_decode(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        while not self.blocks.allocate(seq.request_id, seq.block_table, seq.num_tokens):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        return True
+
+    def _schedule_prefill(self, seq: Sequence, out: SchedulerOutput) -> bool:
+        chunk = min(seq.num_uncached, out.token_budget_left)
+        if chunk <= 0:
+            return False
+        if not self.blocks.allocate(seq.request_id, seq.block_table, seq.num_cached + chunk):
+            return False
+        out.prefills.append((seq, chunk))
+        out.token_budget_left -= chunk
+        return True
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.block_table)
+        seq.num_cached = seq.num_draft_cached = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        if seq in out.decodes:
+            out.decodes.remove(seq)
+            out.token_budget_left += 1
+        for item in [p for p in out.prefills if p[0] is seq]:
+            out.prefills.remove(item)
+            out.token_budget_left += item[1]
+        out.num_preempted += 1
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.block_table)
+
+    def find(self, request_id: str) -> Sequence | None:
+        for seq in (*self.running, *self.waiting):
+            if seq.request_id == request_id:
+                return seq
+        return None

@@ -1,0 +1,64 @@
+"""One request as the engine tracks it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+import torch
+
+from faser.outputs import SpecStats
+from faser.sampling_params import SamplingParams
+from faser.spec.state import SpecState
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    spec_state: SpecState
+    generator: torch.Generator  # this request's own randomness, seeded when it asks to be
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[int] = field(default_factory=list)  # shared by the target and draft caches
+    num_cached: int = 0  # positions held in the target's KV cache
+    num_draft_cached: int = 0  # positions held in the draft's KV cache
+    stats: SpecStats = field(default_factory=SpecStats)
+    finish_reason: str | None = None
+    text: str = ""
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def is_decoding(self) -> bool:
+        """All but the newest token are in the target's cache: the next forward is a decode."""
+        return self.num_tokens - self.num_cached == 1
+
+    @property
+    def num_uncached(self) -> int:
+        return self.num_tokens - self.num_cached
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED

@@ -1,0 +1,56 @@
+"""Offline entry point, as in vLLM: `LLM(...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from faser.config import EngineConfig, SpecConfig
+from faser.engine.llm_engine import LLMEngine
+from faser.outputs import RequestOutput
+from faser.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        draft_model: str | None = None,
+        spec: SpecConfig | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        **engine_kwargs,
+    ) -> None:
+        config = EngineConfig(
+            model=model, draft_model=draft_model, spec=spec or SpecConfig(), device=device,
+            dtype=dtype, **engine_kwargs,
+        )
+        self.engine = LLMEngine(config)
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params or SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError("sampling_params: one per prompt, or a single one for all")
+        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(prompts, params, strict=True)]
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        done[out.request_id] = out
+                        bar.update(1)
+        return [done[i] for i in ids]

@@ -1,0 +1,63 @@
+"""The flat ragged batch of one forward pass.
+
+Each request contributes a chunk: consecutive tokens starting at some position (a prefill chunk, a
+single decode token, or the last token plus k draft tokens to verify). Chunks are concatenated into
+one [num_tokens] batch; `cu_seqlens_q` marks the boundaries and `slot_mapping` the cache slot each
+token writes, so requests with different k share the pass with no padding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from faser.layers.attention import AttentionMetadata
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    token_ids: list[int]  # tokens fed, at positions start_pos, start_pos + 1, ...
+    start_pos: int
+    block_table: list[int]
+    num_logits: int  # logits wanted for the chunk's last num_logits tokens (0 .. len)
+
+
+@dataclass(frozen=True, slots=True)
+class FlatBatch:
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    meta: AttentionMetadata
+    logit_indices: torch.Tensor  # [num_logits] int64: rows of the flat batch whose logits we want
+
+
+def build_batch(chunks: list[Chunk], block_size: int, device: str) -> FlatBatch:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    logit_indices: list[int] = []
+    cu_seqlens = [0]
+    seq_lens = []
+    for chunk in chunks:
+        n = len(chunk.token_ids)
+        pos = range(chunk.start_pos, chunk.start_pos + n)
+        input_ids += chunk.token_ids
+        positions += pos
+        table = chunk.block_table
+        slots += [table[p // block_size] * block_size + p % block_size for p in pos]
+        end = cu_seqlens[-1] + n
+        logit_indices += range(end - chunk.num_logits, end)
+        cu_seqlens.append(end)
+        seq_lens.append(chunk.start_pos + n)
+    max_blocks = max(len(c.block_table) for c in chunks)
+    tables = [c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks]
+
+    def tensor(values, dtype=torch.int64):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    meta = AttentionMetadata(
+        slot_mapping=tensor(slots),
+        block_tables=tensor(tables, torch.int32),
+        seq_lens=tensor(seq_lens, torch.int32),
+        cu_seqlens_q=tensor(cu_seqlens, torch.int32),
+    )
+    return FlatBatch(tensor(input_ids), tensor(positions), meta, tensor(logit_indices))

@@ -1,0 +1,29 @@
+"""The paged KV cache tensors of one model."""
+
+from __future__ import annotations
+
+import torch
+
+
+def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+
+def allocate_kv_cache(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (key, value) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+
+    Zero-filled: a slot read before it is written must not hold NaNs that a masked softmax would
+    still multiply by zero (0 * NaN is NaN)."""
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    def zeros() -> torch.Tensor:
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    return [(zeros(), zeros()) for _ in range(num_layers)]

@@ -1,0 +1,32 @@
+"""What the speculation layer needs of a request. The engine's Sequence satisfies it; the spec
+layer never imports the engine (layers only look down)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from faser.outputs import SpecStats
+from faser.sampling_params import SamplingParams
+from faser.spec.state import SpecState
+
+
+class SpecRequest(Protocol):
+    request_id: str
+    params: SamplingParams
+    spec_state: SpecState
+    generator: torch.Generator
+    block_table: list[int]
+    num_cached: int
+    num_draft_cached: int
+    stats: SpecStats
+
+    @property
+    def token_ids(self) -> list[int]: ...
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def last_token_id(self) -> int: ...

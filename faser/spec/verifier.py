@@ -1,0 +1,162 @@
+"""The target verifies draft tokens in frontiers, with early pruning.
+
+Request i feeds x_0 = its newest committed token and x_m = d_m, its m-th draft token; the target's
+row m scores position m + 1, so it checks d_{m+1} (and row k_i gives the bonus token). Frontier j
+feeds x[j*f : (j+1)*f] of every request still alive, then rejection-samples what it scored. A
+request with a rejection is done for the step: its later positions are never computed (early
+pruning). With one frontier (f > max k) this is classic draft-then-verify, and with k_i = 0 it is
+plain decoding. Prefill chunks ride along in frontier 0 and sample when they complete a prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from faser_kernels import rejection_sample
+
+from faser.runner.batch import Chunk
+from faser.runner.model_runner import ModelRunner
+from faser.sampling_params import SamplingParams
+from faser.spec.proposer import Proposal
+from faser.spec.request import SpecRequest
+from faser.spec.sampling import request_probs
+
+
+@dataclass(slots=True)
+class Verdict:
+    """The outcome for one decoding request: its committed tokens this step."""
+
+    token_ids: list[int] = field(default_factory=list)
+    num_accepted: int = 0
+    num_pruned: int = 0  # target positions never computed thanks to a rejection
+    done: bool = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One request's share of a frontier's rejection sampling."""
+
+    checked: list[int]  # draft tokens this frontier scores
+    rows: torch.Tensor  # [len(checked) + 1, vocab] target logits; the last is the bonus row
+    q: torch.Tensor | None  # [len(checked), vocab] draft distribution of sampled requests
+    u_accept: torch.Tensor  # [len(checked)]
+    u_sample: torch.Tensor  # [1]
+    params: SamplingParams
+    final: bool  # the bonus row is real (the frontier reaches the last draft token)
+
+
+class Verifier:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def verify(
+        self,
+        seqs: list[SpecRequest],
+        proposal: Proposal,
+        prefills: list[tuple[SpecRequest, int]],
+        frontier_size: int | None = None,
+    ) -> tuple[list[Verdict], list[int | None]]:
+        """A verdict per decoding request and, per prefill chunk, the token sampled when the
+        chunk completed its prompt (None otherwise)."""
+        drafts = proposal.draft_token_ids
+        num_inputs = max((len(d) + 1 for d in drafts), default=1)
+        f = num_inputs if frontier_size is None else max(1, frontier_size)
+        verdicts = [Verdict() for _ in seqs]
+        uniforms = [_uniforms(s, len(d)) for s, d in zip(seqs, drafts, strict=True)]
+        starts = [s.num_cached for s in seqs]
+        prefill_tokens: list[int | None] = [None] * len(prefills)
+        for j in range(0, num_inputs, f):
+            alive = [i for i, v in enumerate(verdicts) if not v.done and j <= len(drafts[i])]
+            riders = prefills if j == 0 else []
+            if not alive and not riders:
+                break
+            chunks = [_verify_chunk(seqs[i], drafts[i], starts[i], j, f) for i in alive]
+            chunks += [_prefill_chunk(seq, n) for seq, n in riders]
+            logits = self.runner.forward(chunks)  # [num_logits, vocab]
+            entries, owners, row = [], [], 0
+            for i in alive:
+                entry = _decode_entry(seqs[i], proposal, i, logits, row, j, f, uniforms[i])
+                row += len(entry.checked) + int(entry.final)
+                entries.append(entry)
+                owners.append(verdicts[i])
+            for p, (seq, _) in enumerate(riders):
+                if seq.num_cached == seq.num_tokens:
+                    entries.append(_prefill_entry(seq, logits[row : row + 1]))
+                    owners.append(p)
+                    row += 1
+            if entries:
+                self._judge(entries, owners, prefill_tokens)
+        for i, verdict in enumerate(verdicts):
+            verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
+        return verdicts, prefill_tokens
+
+    @staticmethod
+    def _judge(entries: list[_Entry], owners: list, prefill_tokens: list[int | None]) -> None:
+        vocab = entries[0].rows.shape[-1]
+        params = [e.params for e in entries for _ in range(e.rows.shape[0])]
+        has_q = any(e.q is not None for e in entries)
+        cu = [0]
+        for e in entries:
+            cu.append(cu[-1] + len(e.checked))
+        result = rejection_sample(
+            torch.tensor([t for e in entries for t in e.checked], dtype=torch.long),
+            torch.tensor(cu, dtype=torch.long),
+            torch.cat([e.q if e.q is not None else torch.zeros(len(e.checked), vocab)
+                       for e in entries]) if has_q else None,
+            request_probs(torch.cat([e.rows for e in entries]), params),
+            torch.tensor([e.params.greedy for e in entries]),
+            torch.cat([e.u_accept for e in entries]),
+            torch.cat([e.u_sample for e in entries]),
+        )
+        out = result.output_token_ids.tolist()
+        for g, (entry, owner) in enumerate(zip(entries, owners, strict=True)):
+            accepted = int(result.num_accepted[g])
+            if isinstance(owner, int):
+                prefill_tokens[owner] = out[g][0]
+                continue
+            rejected = accepted < len(entry.checked)
+            # past a non-final frontier with no rejection, the "bonus" is a placeholder
+            owner.token_ids += out[g][: accepted + int(rejected or entry.final)]
+            owner.num_accepted += accepted
+            owner.done = rejected or entry.final
+
+
+def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if seq.params.greedy:
+        return torch.zeros(k), torch.zeros(1)
+    u = torch.rand(k + 1, generator=seq.generator)
+    return u[:k], u[k:]
+
+
+def _verify_chunk(seq: SpecRequest, draft: list[int], start: int, j: int, f: int) -> Chunk:
+    inputs = ([seq.last_token_id] + draft)[j : j + f]
+    seq.num_cached = start + j + len(inputs)
+    return Chunk(inputs, start + j, seq.block_table, num_logits=len(inputs))
+
+
+def _prefill_chunk(seq: SpecRequest, n: int) -> Chunk:
+    start = seq.num_cached
+    seq.num_cached += n
+    completes = seq.num_cached == seq.num_tokens
+    return Chunk(seq.token_ids[start : start + n], start, seq.block_table, int(completes))
+
+
+def _decode_entry(seq, proposal: Proposal, i: int, logits, row: int, j: int, f: int, uniforms):
+    draft = proposal.draft_token_ids[i]
+    n_inputs = min(f, len(draft) + 1 - j)
+    final = j + n_inputs == len(draft) + 1
+    checked = draft[j : j + n_inputs - int(final)]  # the last frontier's last row is the bonus
+    rows = logits[row : row + n_inputs]
+    if not final:  # no bonus row in this frontier: repeat the last row; its sample is unused
+        rows = torch.cat([rows, rows[-1:]])
+    q = proposal.draft_probs[i]
+    u_accept, u_sample = uniforms
+    return _Entry(
+        checked, rows, None if q is None else q[j : j + len(checked)],
+        u_accept[j : j + len(checked)], u_sample, seq.params, final,
+    )
+
+
+def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
+    u = torch.zeros(1) if seq.params.greedy else torch.rand(1, generator=seq.generator)
+    return _Entry([], rows, None, torch.zeros(0), u, seq.params, True)
