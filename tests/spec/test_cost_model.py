@@ -1,0 +1,126 @@
+import json
+import math
+
+import pytest
+from spec_profiles import linear, roofline
+
+from faser.spec.cost_model import (
+    CostProfile,
+    cache_path,
+    load_or_profile,
+    profile,
+    profile_key,
+)
+
+
+def test_interpolates_between_points_and_extrapolates_the_last_segment():
+    cost = CostProfile((1, 4, 8), (1.0, 2.5, 4.5), (1, 2), (0.1, 0.3))
+    assert cost.target_time(2) == pytest.approx(1.5)
+    assert cost.target_time(6) == pytest.approx(3.5)
+    assert cost.target_time(12) == pytest.approx(6.5)  # slope 0.5 past the last point
+    assert cost.target_time(0.5) == pytest.approx(1.0)  # nothing beats the smallest forward
+    assert cost.target_time(0) == 0.0
+    assert cost.draft_time(3) == pytest.approx(0.5)
+    assert cost.draft_time(0) == 0.0
+
+
+def test_empty_draft_profile_means_free_drafting():
+    cost = CostProfile((1, 2), (1.0, 2.0))
+    assert cost.draft_time(8) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("points", "times", "field"),
+    [
+        ((1, 1), (1.0, 2.0), "target_points"),
+        ((1, 2), (1.0,), "target_points"),
+        ((1, 2), (1.0, -1.0), "target_times"),
+        ((), (), "target_points"),
+    ],
+)
+def test_bad_profiles_name_the_field(points, times, field):
+    with pytest.raises(ValueError, match=field):
+        CostProfile(points, times)
+
+
+def test_knee_of_a_linear_curve_is_where_the_variable_part_equals_the_fixed_part():
+    cost = linear(fixed_s=0.010, per_token_s=0.0001)
+    # f + c n = 2 (f + c)  <=>  n = f / c + 2
+    assert cost.knee() == pytest.approx(102.0)
+
+
+def test_knee_of_a_roofline_is_at_twice_the_flat_time():
+    assert roofline(knee=64).knee() == pytest.approx(128.0)
+    assert roofline(knee=16).knee() == pytest.approx(32.0)
+
+
+def test_knee_ignores_a_slow_outlier_and_is_inf_on_a_flat_curve():
+    clean = roofline(knee=64)
+    spiked = list(clean.target_times)
+    spiked[2] *= 3.0  # one contended measurement at 4 tokens
+    noisy = CostProfile(clean.target_points, tuple(spiked))
+    assert noisy.knee() == pytest.approx(clean.knee())
+    assert CostProfile((1, 512), (1.0, 1.0)).knee() == math.inf
+
+
+def test_knee_extrapolates_past_the_profile():
+    assert CostProfile((1, 2, 4), (1.0, 1.1, 1.3)).knee() == pytest.approx(4 + 0.7 / 0.1)
+
+
+def test_profile_takes_medians_after_warmup_and_never_decreases():
+    calls = []
+    noise = iter([9.0, 1.0, 5.0, 1.2] + [9.0, 0.9, 0.8, 5.0])  # warmup, then three repeats
+
+    def measure(n):
+        calls.append(n)
+        return next(noise)
+
+    cost = profile(measure, None, points=(1, 2), repeats=3, warmup=1, key="k")
+    assert calls == [1, 1, 1, 1, 2, 2, 2, 2]
+    # medians 1.2 and 0.9; a bigger forward never costs less, so the lower envelope holds 0.9
+    assert cost.target_times == (0.9, 0.9)
+    assert cost.draft_points == () and cost.key == "k"
+
+
+def test_cache_round_trip_measures_once(tmp_path):
+    key = profile_key("tiny", "cpu", "float32", 2)
+    measured = []
+
+    def target(n):
+        measured.append(n)
+        return 0.01 + 0.001 * n
+
+    first = load_or_profile(
+        key,
+        target,
+        lambda b: 0.001 * b,
+        points=(1, 2, 4),
+        draft_points=(1, 2),
+        cache_dir=tmp_path,
+        repeats=1,
+    )
+    assert cache_path(key, tmp_path).exists()
+
+    def refuse(n):
+        raise AssertionError("a cached profile must not be measured again")
+
+    second = load_or_profile(
+        key, refuse, refuse, points=(1, 2, 4), draft_points=(1, 2), cache_dir=tmp_path, repeats=1
+    )
+    assert second == first
+    assert json.loads(cache_path(key, tmp_path).read_text())["key"] == key
+    assert cache_path(key + "x", tmp_path) != cache_path(key, tmp_path)
+
+
+def test_corrupt_or_mismatched_cache_is_measured_again(tmp_path):
+    key = "m|cpu|float32|threads=1"
+    cache_path(key, tmp_path).parent.mkdir(parents=True, exist_ok=True)
+    cache_path(key, tmp_path).write_text("{not json")
+    cost = load_or_profile(
+        key, lambda n: 0.01 * n, None, points=(1, 2), cache_dir=tmp_path, repeats=1
+    )
+    assert cost.target_times == pytest.approx((0.01, 0.02))
+    wider = load_or_profile(
+        key, lambda n: 0.02 * n, None, points=(1, 2, 4), cache_dir=tmp_path, repeats=1
+    )
+    assert wider.target_points == (1, 2, 4)
