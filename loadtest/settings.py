@@ -73,6 +73,7 @@ class LoadSettings(BaseModel):
     def _check_users(self) -> LoadSettings:
         if self.base_users > self.users:
             raise ValueError(f"base_users ({self.base_users}) must not exceed users ({self.users})")
+        speculation_field(self.speculation)  # fail at start, not on every request
         return self
 
     @property
@@ -104,9 +105,13 @@ def speculation_field(value: str | None) -> dict[str, Any] | None:
     """The request's `speculation` body field from a policy name or a JSON object."""
     if not value:
         return None
-    if value.lstrip().startswith("{"):
-        parsed = json.loads(value)
-        if not isinstance(parsed, dict):
-            raise ValueError(f"speculation must be a policy name or a JSON object, got {value!r}")
-        return parsed
-    return {"policy": value}
+    text = value.strip()
+    if text[0] not in "{[":
+        return {"policy": text}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"speculation must be a policy name or a JSON object, got {value!r}")
+    return parsed

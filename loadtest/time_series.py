@@ -35,7 +35,7 @@ def bin_records(records: list[RequestRecord], t0: float, bin_s: float | None = N
         raise ValueError("records: no requests to bin")
     span = max(r.start + r.latency_s for r in records) - t0
     width = bin_s or auto_bin_s(span)
-    num_bins = max(1, math.ceil(span / width + 1e-9))
+    num_bins = max(1, math.ceil(span / width - 1e-9))
     sent = lambda r: min(int((r.start - t0) // width), num_bins - 1)
     done = lambda r: min(int((r.start + r.latency_s - t0) // width), num_bins - 1)
     by_status = {s: [r for r in records if r.status == s] for s in ("ok", "backpressure", "error")}

@@ -10,6 +10,7 @@ Anything else (other HTTP errors, broken streams, error events) is a failure.
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import replace
@@ -25,6 +26,7 @@ from loadtest.schedule import Slot
 from loadtest.sse import StreamResult, StreamTimer
 
 CONNECT_TIMEOUT_S = 10.0
+_USER_IDS = itertools.count()  # seeds each closed-loop user's prompt choice reproducibly
 
 
 class OpenAIStreamUser(HttpUser):
@@ -82,7 +84,7 @@ class ClosedLoopUser(OpenAIStreamUser):
         return self.state.settings.think_s
 
     def on_start(self) -> None:
-        self._rng = random.Random(self.state.settings.seed + id(self) % 10_000)
+        self._rng = random.Random(f"{self.state.settings.seed}-{next(_USER_IDS)}")
 
     @task
     def completion(self) -> None:
