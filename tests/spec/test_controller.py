@@ -1,0 +1,122 @@
+import random
+
+import pytest
+from spec_profiles import linear, roofline
+
+from faser.spec.controller import ControllerConfig, ModeController
+from faser.spec.plan import LoadView
+
+# knee at 128 tokens; with max_k = 4 a request puts 5 tokens in the target batch, so the pressure
+# is num_running * 5 / 128: 1 at 25.6 requests, 2 at 51.2
+PROFILE = roofline(knee=64)
+MAX_K = 4
+
+
+def load(num_running, waiting=0, prefill=0, kv=0.2, cluster=None):
+    return LoadView(num_running, waiting, prefill, 512 - num_running, kv, cluster)
+
+
+def controller(**config):
+    return ModeController(PROFILE, MAX_K, alpha_prior=0.8, config=ControllerConfig(**config))
+
+
+def run(ctrl, loads, alpha=0.8):
+    return [ctrl.update(x, alpha=alpha) for x in loads]
+
+
+def test_first_step_takes_its_mode_at_once():
+    assert controller().update(load(40)) == "prune"
+    assert controller().update(load(4)) == "overlap"
+
+
+def test_modes_follow_load_up_and_down():
+    ctrl = controller(patience=3)
+    up = [load(n) for n in (2, 4, 8, 16, 20, 34, 36, 38, 40, 42, 44, 70, 75, 80, 90, 100)]
+    modes = run(ctrl, [x for x in up for _ in range(4)])
+    assert modes[0] == "overlap" and modes[-1] == "off"
+    assert "prune" in modes
+    assert _transitions(modes) == ["overlap", "prune", "off"]
+    down = list(reversed(up))
+    modes = run(ctrl, [x for x in down for _ in range(4)])
+    assert _transitions(modes) == ["off", "prune", "overlap"]
+    assert [(s.old, s.new) for s in ctrl.history][-4:] == [
+        ("overlap", "prune"),
+        ("prune", "off"),
+        ("off", "prune"),
+        ("prune", "overlap"),
+    ]
+
+
+def test_noisy_load_near_a_threshold_does_not_flap():
+    rng = random.Random(0)
+    ctrl = controller()
+    run(ctrl, [load(25)] * 5)
+    start = ctrl.mode
+    switches = len(ctrl.history)
+    # pressure 25.6 * 5 / 128 = 1 +- 0.12, inside the hysteresis band
+    noisy = [load(25 + rng.choice([-3, -2, -1, 0, 1, 2, 3])) for _ in range(200)]
+    assert set(run(ctrl, noisy)) == {start}
+    assert len(ctrl.history) == switches
+
+
+def test_a_short_spike_does_not_switch():
+    ctrl = controller(patience=3)
+    run(ctrl, [load(4)] * 3)
+    assert run(ctrl, [load(100), load(100), load(4)]) == ["overlap"] * 3
+    assert run(ctrl, [load(100)] * 3)[-1] == "off"
+
+
+def test_cluster_load_pushes_toward_prune_and_off():
+    ctrl = controller(patience=1)
+    assert ctrl.update(load(4)) == "overlap"
+    ctrl.set_cluster_load(1.3)
+    assert ctrl.update(load(4)) == "prune"
+    ctrl.set_cluster_load(2.5)
+    assert ctrl.update(load(4)) == "off"
+    ctrl.set_cluster_load(0.0)
+    assert ctrl.update(load(4)) == "overlap"
+    # a signal carried in the LoadView wins over the stored one
+    assert ctrl.update(load(4, cluster=1.5)) == "prune"
+
+
+def test_queue_and_full_kv_raise_pressure():
+    ctrl = controller()
+    assert ctrl.pressure(load(20, waiting=20)) == pytest.approx(2 * ctrl.pressure(load(20)))
+    assert ctrl.pressure(load(1, kv=0.95)) > 1.0
+
+
+def test_off_when_speculation_cannot_pay():
+    cpu = linear(fixed_s=0.010, per_token_s=0.001)  # every verified token costs real time
+    assert ModeController(cpu, MAX_K).update(load(4), alpha=0.9) == "prune"
+    assert ModeController(cpu, MAX_K).update(load(4), alpha=0.01) == "off"
+    # and back once the acceptance recovers, after the patience
+    ctrl = ModeController(cpu, MAX_K, config=ControllerConfig(patience=2))
+    assert run(ctrl, [load(4)] * 2, alpha=0.01) == ["off", "off"]
+    assert run(ctrl, [load(4)] * 2, alpha=0.9) == ["off", "prune"]
+
+
+def test_never_overlap_when_not_allowed():
+    ctrl = ModeController(PROFILE, MAX_K, allow_overlap=False)
+    assert set(run(ctrl, [load(n) for n in (1, 2, 4, 2, 1)])) == {"prune"}
+
+
+def test_counts_steps_per_mode():
+    ctrl = controller(patience=1)
+    run(ctrl, [load(4)] * 3 + [load(40)] * 2)
+    assert ctrl.steps_in_mode == {"overlap": 3, "prune": 2}
+    assert ctrl.num_steps == 5
+
+
+def test_bad_config_names_the_field():
+    with pytest.raises(ValueError, match="patience"):
+        ControllerConfig(patience=0)
+    with pytest.raises(ValueError, match="margin"):
+        ControllerConfig(margin=1.0)
+
+
+def _transitions(modes):
+    out = [modes[0]]
+    for m in modes[1:]:
+        if m != out[-1]:
+            out.append(m)
+    return out
