@@ -79,17 +79,21 @@ class ClosedLoopUser(OpenAIStreamUser):
     """Send, wait for the whole answer, think, repeat: the step, spike and diurnal shapes."""
 
     abstract = True
+    error_pause_s = 0.5  # after a failure, so a down server is not hammered in a tight loop
 
     def wait_time(self) -> float:
-        return self.state.settings.think_s
+        pause = self.error_pause_s if self._last_failed else 0.0
+        return max(self.state.settings.think_s, pause)
 
     def on_start(self) -> None:
         self._rng = random.Random(f"{self.state.settings.seed}-{next(_USER_IDS)}")
+        self._last_failed = False
 
     @task
     def completion(self) -> None:
         prompt = self._rng.choice(self.state.prompts)
-        self.send(prompt.text, self.state.settings.max_tokens)
+        record = self.send(prompt.text, self.state.settings.max_tokens)
+        self._last_failed = record.status == "error"
 
 
 class TraceReplayUser(OpenAIStreamUser):
