@@ -147,6 +147,7 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop_strings(),
+        ignore_eos=request.ignore_eos,
         speculation=speculation,
     )
     if isinstance(request, ChatCompletionRequest):

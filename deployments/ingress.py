@@ -3,6 +3,7 @@ engine deployment, or an engine in the same process (tests, single-process use).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -30,19 +31,20 @@ class RayEngineClient:
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         kwargs = {CLUSTER_LOAD_KWARG: None}
         responses = self.handle.options(stream=True).generate.remote(request, **kwargs)
+        try:
+            first = await anext(responses)
+        except BackPressureError as exc:
+            raise QueueFull(str(exc)) from exc
         finished = False
         try:
-            try:
-                first = await anext(responses)
-            except BackPressureError as exc:
-                raise QueueFull(str(exc)) from exc
             yield first
             async for event in responses:
                 yield event
             finished = True
         finally:
             if not finished:  # the client left: cancel the engine call, which aborts it
-                responses.cancel()
+                with contextlib.suppress(Exception):
+                    responses.cancel()
 
 
 class LocalEngineClient:

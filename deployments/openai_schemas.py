@@ -43,6 +43,7 @@ class _SamplingRequest(_Request):
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
 
     @field_validator("stop")

@@ -30,6 +30,7 @@ class GenerateRequest:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
     speculation: dict[str, Any] | None = None  # {"policy": ..., "max_k": ...}, None values dropped
 
 
@@ -135,6 +136,7 @@ class OpenAIServing:
             top_p=request.top_p,
             seed=request.seed,
             stop=request.stop,
+            ignore_eos=request.ignore_eos,
         )
 
     def _render(self, request: GenerateRequest) -> list[int]:

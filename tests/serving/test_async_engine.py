@@ -1,0 +1,86 @@
+"""The async engine over the real engine on tiny random-weight models: concurrent streams,
+validation before the stream starts, and an abandoned stream freeing its KV blocks at once."""
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from faser.config import EngineConfig, SpecConfig
+from faser.engine.async_engine import AsyncLLMEngine
+from faser.engine.llm_engine import LLMEngine
+from faser.sampling_params import SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_pair):
+    torch.set_num_threads(1)
+    target, draft = tiny_pair
+    config = EngineConfig(
+        model=str(target),
+        draft_model=str(draft),
+        spec=SpecConfig(policy="fixed", num_speculative_tokens=3),
+        num_kv_blocks=64,
+        max_num_seqs=4,
+        num_threads=1,
+    )
+    async_engine = AsyncLLMEngine(LLMEngine(config), idle_wait_s=0.01)
+    yield async_engine
+    async_engine.shutdown()
+
+
+async def collect(engine, request_id, prompt, params, spec=None):
+    return [out async for out in engine.generate(request_id, prompt, params, spec)]
+
+
+async def wait_until(predicate, timeout_s=5.0):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_concurrent_streams_finish_and_free_their_blocks(engine):
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        return await asyncio.gather(
+            collect(engine, "a", [3, 4, 5, 6], greedy),
+            collect(engine, "b", "Hello world", greedy, {"policy": "off"}),
+            collect(engine, "c", [7, 8], SamplingParams(max_tokens=5, seed=3, ignore_eos=True)),
+        )
+
+    a, b, c = asyncio.run(run())
+    assert [len(x[-1].token_ids) for x in (a, b, c)] == [12, 12, 5]
+    assert all(x[-1].finished and x[-1].finish_reason == "length" for x in (a, b, c))
+    # each step's new tokens add up to the whole output
+    assert sum((o.new_token_ids for o in a), []) == a[-1].token_ids
+    assert b[-1].spec.num_draft_tokens == 0
+    assert engine.engine.num_free_blocks == engine.engine.num_total_blocks
+
+
+def test_bad_request_raises_before_the_stream_starts(engine):
+    too_long = SamplingParams(max_tokens=engine.engine.max_model_len)
+    with pytest.raises(ValueError, match="max_tokens"):
+        asyncio.run(collect(engine, "bad", [1, 2, 3], too_long))
+    with pytest.raises(ValueError, match="speculation"):
+        asyncio.run(collect(engine, "bad2", [1, 2], SamplingParams(), {"nonsense": 1}))
+    assert engine.num_streams == 0
+
+
+def test_abandoned_stream_aborts_and_frees_blocks_at_once(engine):
+    long = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        stream = engine.generate("leaver", list(range(3, 40)), long)
+        first = await anext(stream)
+        assert not first.finished
+        assert engine.engine.num_free_blocks < engine.engine.num_total_blocks
+        await stream.aclose()  # what a disconnecting client does
+        total = engine.engine.num_total_blocks
+        await wait_until(lambda: engine.engine.num_free_blocks == total, timeout_s=2.0)
+        await wait_until(lambda: not engine.engine.has_unfinished_requests(), timeout_s=2.0)
+
+    asyncio.run(run())
+    assert engine.num_streams == 0
