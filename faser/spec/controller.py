@@ -6,17 +6,20 @@
 - `off` when speculation cannot pay (the best k predicts no more goodput than k = 0) or the load
   is far past saturation.
 
-Load is one number, the pressure: the target tokens a step would have with full speculation over
-the knee (1 = at the knee), raised by a waiting queue and a nearly full KV cache, and at least the
-router's cluster-wide load. Hysteresis keeps it from flapping: a threshold is crossed upwards at
-(1 + margin) times its value and downwards at (1 - margin) times, and a new mode must be wanted
-for `patience` consecutive steps before it is taken.
+Load enters as two signals, each 1 at its threshold: the prune signal, the target tokens a step
+would have with full speculation over the knee, and the off signal, the tokens with no speculation
+at all over the knee (plain decoding already compute-bound: a draft token then costs as much as a
+real one and cannot pay). A waiting queue raises both (admissions are held back by our batch), a
+nearly full KV cache raises the first, and the router's cluster-wide load is a floor under each.
+Hysteresis keeps the mode from flapping: a signal crosses its threshold upwards at 1 + margin and
+downwards at 1 - margin, and a new mode must be wanted for `patience` consecutive steps.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from faser.spec.cost_model import CostProfile
 from faser.spec.goodput import StepCost, choose_k
@@ -29,8 +32,10 @@ LEVELS = ("overlap", "prune", "off")  # ordered by rising load
 class ControllerConfig:
     patience: int = 3  # consecutive steps a new mode must be wanted before it is taken
     margin: float = 0.15  # relative band around each threshold
-    prune_pressure: float = 1.0  # at the knee
-    off_pressure: float = 2.0  # far past saturation, speculation only steals compute
+    prune_pressure: float = 1.0  # full-speculation target tokens over the knee
+    off_pressure: float = 1.0  # no-speculation target tokens over the knee
+    cluster_prune: float = 1.0  # fleet load (the router's signal) that keeps speculation short
+    cluster_off: float = 2.0  # fleet load that switches it off
     kv_high: float = 0.9  # above this KV use, speculation's slots compete with admissions
     pay_margin: float = 0.02  # relative goodput gain needed to leave `off` for lack of pay
     history_size: int = 64
@@ -40,8 +45,14 @@ class ControllerConfig:
             raise ValueError(f"patience must be >= 1, got {self.patience}")
         if not 0.0 <= self.margin < 1.0:
             raise ValueError(f"margin must lie in [0, 1), got {self.margin}")
-        if not 0.0 < self.prune_pressure < self.off_pressure:
-            raise ValueError("need 0 < prune_pressure < off_pressure")
+        for name in ("prune_pressure", "off_pressure", "cluster_prune", "cluster_off"):
+            if not getattr(self, name) > 0.0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+class Pressure(NamedTuple):
+    prune: float  # >= 1: compute-bound with full speculation
+    off: float  # >= 1: compute-bound without any
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +60,7 @@ class ModeSwitch:
     step: int
     old: str
     new: str
-    pressure: float
+    pressure: Pressure
 
 
 class ModeController:
@@ -70,7 +81,7 @@ class ModeController:
         self.knee = cost.knee()
         self.mode = "overlap" if allow_overlap else "prune"
         self.cluster_load = 0.0
-        self.last_pressure = 0.0
+        self.last_pressure = Pressure(0.0, 0.0)
         self.num_steps = 0
         self.history: deque[ModeSwitch] = deque(maxlen=self.config.history_size)
         self.steps_in_mode: Counter[str] = Counter()
@@ -81,15 +92,21 @@ class ModeController:
         """The router's fleet-wide signal, 0 (idle) .. 1+ (overloaded)."""
         self.cluster_load = max(0.0, float(load))
 
-    def pressure(self, load: LoadView) -> float:
-        tokens = load.num_running * (1 + self.max_k) + load.num_prefill_tokens
-        local = tokens / self.knee if self.knee > 0 else float("inf")
-        if load.num_waiting > 0:  # a queue means the batch is full: admissions are waiting on us
-            local *= 1.0 + min(1.0, load.num_waiting / max(1, load.num_running))
-        if load.kv_usage >= self.config.kv_high:
-            local = max(local, self.config.prune_pressure * (1.0 + self.config.margin))
+    def pressure(self, load: LoadView) -> Pressure:
+        config = self.config
+        speculative = load.num_running * (1 + self.max_k) + load.num_prefill_tokens
+        plain = load.num_running + load.num_prefill_tokens
+        queue = 1.0
+        if load.num_waiting > 0:  # a queue means the batch is full: admissions wait on us
+            queue += min(1.0, load.num_waiting / max(1, load.num_running))
         cluster = load.cluster_load if load.cluster_load is not None else self.cluster_load
-        return max(local, cluster)
+        prune = queue * speculative / (self.knee * config.prune_pressure)
+        if load.kv_usage >= config.kv_high:
+            prune = max(prune, 1.0 + config.margin)
+        off = queue * plain / (self.knee * config.off_pressure)
+        return Pressure(
+            max(prune, cluster / config.cluster_prune), max(off, cluster / config.cluster_off)
+        )
 
     def update(self, load: LoadView, alpha: float | None = None) -> str:
         """The mode for this step; call once per step. `alpha` is the batch's mean acceptance
@@ -110,13 +127,13 @@ class ModeController:
         self.steps_in_mode[self.mode] += 1
         return self.mode
 
-    def _wanted(self, pressure: float, load: LoadView, alpha: float) -> str:
+    def _wanted(self, pressure: Pressure, load: LoadView, alpha: float) -> str:
         current = LEVELS.index(self.mode)
         level = 0
-        for thr_level, thr in ((1, self.config.prune_pressure), (2, self.config.off_pressure)):
-            band = -self.config.margin if current >= thr_level else self.config.margin
-            if pressure >= thr * (1.0 + band):
-                level = thr_level
+        for signal_level, signal in ((1, pressure.prune), (2, pressure.off)):
+            band = -self.config.margin if current >= signal_level else self.config.margin
+            if signal >= 1.0 + band:
+                level = signal_level
         if not self.allow_overlap:
             level = max(level, 1)
         if level < 2 and not self._pays(load, alpha, overlap=level == 0):
@@ -133,7 +150,7 @@ class ModeController:
         choice = choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=gain)
         return choice.speculates
 
-    def _switch(self, mode: str, pressure: float) -> None:
+    def _switch(self, mode: str, pressure: Pressure) -> None:
         if mode != self.mode or self.num_steps == 0:
             self.history.append(ModeSwitch(self.num_steps, self.mode, mode, pressure))
         self.mode = mode

@@ -22,9 +22,9 @@ from pathlib import Path
 TARGET_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_VERSION = 1
-# The knee is where the part of the step time that grows with the tokens has caught up with the
-# fixed part (t(n) = 2 t(1) on t = t0 + c n, i.e. n = t0 / c).
-KNEE_OVERHEAD = 1.0
+# The knee is where the step time's elasticity d ln t / d ln n reaches one half: on t = t0 + c n
+# where the growing part equals the fixed part (n = t0 / c), on a roofline max(t0, c n) its corner.
+KNEE_ELASTICITY = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +54,24 @@ class CostProfile:
             return 0.0
         return _interpolate(self.draft_points, self.draft_times, batch_size)
 
-    def knee(self, overhead: float = KNEE_OVERHEAD) -> float:
-        """num_tokens where the target turns from memory-bound to compute-bound: the first point
-        where t(n) >= (1 + overhead) t(1), interpolated; inf when the curve never gets there.
+    def knee(self, elasticity: float = KNEE_ELASTICITY) -> float:
+        """num_tokens where the target turns from memory-bound to compute-bound: where doubling
+        the tokens first costs 2^elasticity times as much (elasticity measured per segment, at
+        its geometric middle, and interpolated in log space); inf when the curve stays flat.
 
         Timing noise is one-sided (contention only slows a forward down), so the curve is first
         replaced by its lower envelope from the right: a slow outlier cannot fake an early knee."""
-        times = _lower_envelope(self.target_times)
-        threshold = (1.0 + overhead) * times[0]
-        points = self.target_points
-        for j in range(1, len(points)):
-            if times[j] >= threshold:
-                t0, t1 = times[j - 1], times[j]
-                frac = (threshold - t0) / (t1 - t0) if t1 > t0 else 1.0
-                return points[j - 1] + frac * (points[j] - points[j - 1])
-        return _extrapolate_crossing(points, times, threshold)
+        points, times = self.target_points, _lower_envelope(self.target_times)
+        middles, slopes = _log_slopes(points, times)
+        for j, e in enumerate(slopes):
+            if e >= elasticity:
+                if j == 0:
+                    return float(points[0])  # compute-bound from the smallest forward
+                frac = (elasticity - slopes[j - 1]) / (e - slopes[j - 1])
+                return math.exp(
+                    math.log(middles[j - 1]) + frac * math.log(middles[j] / middles[j - 1])
+                )
+        return _extrapolate_knee(points, times, elasticity)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -219,11 +222,26 @@ def _interpolate(points: Sequence[int], times: Sequence[float], x: float) -> flo
     return t0 + slope * (x - x0)
 
 
-def _extrapolate_crossing(points: Sequence[int], times: Sequence[float], threshold: float) -> float:
+def _log_slopes(points: Sequence[int], times: Sequence[float]) -> tuple[list[float], list[float]]:
+    """Per segment: its geometric middle and d ln t / d ln n."""
+    middles, slopes = [], []
+    for (n0, t0), (n1, t1) in zip(
+        zip(points, times, strict=True), zip(points[1:], times[1:], strict=True), strict=False
+    ):
+        middles.append(math.sqrt(n0 * n1))
+        slopes.append(math.log(t1 / t0) / math.log(n1 / n0))
+    return middles, slopes
+
+
+def _extrapolate_knee(points: Sequence[int], times: Sequence[float], elasticity: float) -> float:
+    """Past the profile, along the last segment t = a + s n: elasticity s n / (a + s n)."""
     if len(points) < 2:
         return math.inf
     slope = (times[-1] - times[-2]) / (points[-1] - points[-2])
-    return points[-1] + (threshold - times[-1]) / slope if slope > 0 else math.inf
+    if slope <= 0:
+        return math.inf
+    intercept = times[-1] - slope * points[-1]
+    return max(float(points[-1]), elasticity * intercept / ((1.0 - elasticity) * slope))
 
 
 def _lower_envelope(times: Sequence[float]) -> list[float]:

@@ -157,7 +157,7 @@ class FaserPolicy(Policy):
         mode = self.controller.update(load, alpha=alpha)
         notes: dict[str, object] = {
             "controller_mode": mode,
-            "pressure": self.controller.last_pressure,
+            "pressure": self.controller.last_pressure._asdict(),
             "num_prefill_tokens": load.num_prefill_tokens,
             "token_budget": load.token_budget,
             "max_step_time_s": max_step_time_s,
@@ -258,7 +258,7 @@ def dsd_k(table: Sequence[tuple[int, int]], batch_size: int) -> int:
 
 def fit_budget(ks: list[int], budget: int | None) -> list[int]:
     """Shortens the longest k first until sum(k) <= budget (the target tokens still free)."""
-    if budget is None or sum(ks) <= budget:
+    if budget is None or sum(ks) <= max(0, budget):
         return ks
     budget = max(0, budget)
     low, high = 0, max(ks)  # the largest level L with sum(min(k, L)) <= budget

@@ -6,8 +6,10 @@ from spec_profiles import linear, roofline
 from faser.spec.controller import ControllerConfig, ModeController
 from faser.spec.plan import LoadView
 
-# knee at 128 tokens; with max_k = 4 a request puts 5 tokens in the target batch, so the pressure
-# is num_running * 5 / 128: 1 at 25.6 requests, 2 at 51.2
+# knee at 64 tokens; with max_k = 4 a request puts 5 tokens in the target batch with full
+# speculation: the prune signal is num_running * 5 / 64 (1 at 12.8 requests), the off signal
+# num_running / 64; with the 15 % margin, prune from 14.7 requests down to 10.9, off from 73.6
+# down to 54.4
 PROFILE = roofline(knee=64)
 MAX_K = 4
 
@@ -26,12 +28,13 @@ def run(ctrl, loads, alpha=0.8):
 
 def test_first_step_takes_its_mode_at_once():
     assert controller().update(load(40)) == "prune"
+    assert controller().update(load(90)) == "off"
     assert controller().update(load(4)) == "overlap"
 
 
 def test_modes_follow_load_up_and_down():
     ctrl = controller(patience=3)
-    up = [load(n) for n in (2, 4, 8, 16, 20, 34, 36, 38, 40, 42, 44, 70, 75, 80, 90, 100)]
+    up = [load(n) for n in (2, 4, 8, 12, 16, 20, 30, 40, 50, 60, 70, 80, 90, 100)]
     modes = run(ctrl, [x for x in up for _ in range(4)])
     assert modes[0] == "overlap" and modes[-1] == "off"
     assert "prune" in modes
@@ -47,16 +50,22 @@ def test_modes_follow_load_up_and_down():
     ]
 
 
-def test_noisy_load_near_a_threshold_does_not_flap():
+@pytest.mark.parametrize(("centre", "spread"), [(13, 1), (64, 6)])
+def test_noisy_load_near_a_threshold_does_not_flap(centre, spread):
     rng = random.Random(0)
     ctrl = controller()
-    run(ctrl, [load(25)] * 5)
-    start = ctrl.mode
-    switches = len(ctrl.history)
-    # pressure 25.6 * 5 / 128 = 1 +- 0.12, inside the hysteresis band
-    noisy = [load(25 + rng.choice([-3, -2, -1, 0, 1, 2, 3])) for _ in range(200)]
+    run(ctrl, [load(centre)] * 5)
+    start, switches = ctrl.mode, len(ctrl.history)
+    noisy = [load(centre + rng.randint(-spread, spread)) for _ in range(300)]
     assert set(run(ctrl, noisy)) == {start}
     assert len(ctrl.history) == switches
+
+
+def test_without_hysteresis_the_same_noise_would_flap():
+    rng = random.Random(0)
+    ctrl = controller(patience=1, margin=0.0)
+    noisy = [load(13 + rng.randint(-1, 1)) for _ in range(300)]
+    assert len(_transitions(run(ctrl, noisy))) > 10
 
 
 def test_a_short_spike_does_not_switch():
@@ -81,8 +90,10 @@ def test_cluster_load_pushes_toward_prune_and_off():
 
 def test_queue_and_full_kv_raise_pressure():
     ctrl = controller()
-    assert ctrl.pressure(load(20, waiting=20)) == pytest.approx(2 * ctrl.pressure(load(20)))
-    assert ctrl.pressure(load(1, kv=0.95)) > 1.0
+    queued, calm = ctrl.pressure(load(20, waiting=20)), ctrl.pressure(load(20))
+    assert queued.prune == pytest.approx(2 * calm.prune)
+    assert queued.off == pytest.approx(2 * calm.off)
+    assert ctrl.pressure(load(1, kv=0.95)).prune > 1.0
 
 
 def test_off_when_speculation_cannot_pay():

@@ -44,14 +44,17 @@ def test_bad_profiles_name_the_field(points, times, field):
 
 
 def test_knee_of_a_linear_curve_is_where_the_variable_part_equals_the_fixed_part():
-    cost = linear(fixed_s=0.010, per_token_s=0.0001)
-    # f + c n = 2 (f + c)  <=>  n = f / c + 2
-    assert cost.knee() == pytest.approx(102.0)
+    assert linear(fixed_s=0.010, per_token_s=0.0001).knee() == pytest.approx(100.0, rel=0.01)
+    assert linear(fixed_s=0.010, per_token_s=0.001).knee() == pytest.approx(10.0, rel=0.01)
 
 
-def test_knee_of_a_roofline_is_at_twice_the_flat_time():
-    assert roofline(knee=64).knee() == pytest.approx(128.0)
-    assert roofline(knee=16).knee() == pytest.approx(32.0)
+def test_knee_of_a_roofline_is_its_corner():
+    assert roofline(knee=64).knee() == pytest.approx(64.0)
+    assert roofline(knee=16).knee() == pytest.approx(16.0)
+
+
+def test_knee_when_compute_bound_from_the_start():
+    assert linear(fixed_s=0.001, per_token_s=0.01).knee() == 1.0
 
 
 def test_knee_ignores_a_slow_outlier_and_is_inf_on_a_flat_curve():
@@ -64,7 +67,8 @@ def test_knee_ignores_a_slow_outlier_and_is_inf_on_a_flat_curve():
 
 
 def test_knee_extrapolates_past_the_profile():
-    assert CostProfile((1, 2, 4), (1.0, 1.1, 1.3)).knee() == pytest.approx(4 + 0.7 / 0.1)
+    # the last segment continues as t = 0.9 + 0.1 n: elasticity 1/2 where 0.1 n = 0.9
+    assert CostProfile((1, 2, 4), (1.0, 1.1, 1.3)).knee() == pytest.approx(9.0)
 
 
 def test_profile_takes_medians_after_warmup_and_never_decreases():
