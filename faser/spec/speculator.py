@@ -59,7 +59,9 @@ class Speculator:
         plans = self._plan(decodes, load)
         max_k = self._fit(decodes, plans, load.token_budget, reserve)
         proposal = self._propose(decodes, max_k, plans)
-        frontier = min((p.frontier_size for p in plans.values() if p.frontier_size), default=None)
+        frontier = self.config.frontier_size or min(
+            (p.frontier_size for p in plans.values() if p.frontier_size), default=None
+        )
         verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         self._observe(decodes, proposal, verdicts)
         return verdicts, prefill_tokens

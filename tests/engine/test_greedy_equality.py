@@ -1,0 +1,93 @@
+"""Greedy output of every policy equals Hugging Face's own greedy generate, token for token, for a
+batch of prompts of different lengths run together."""
+
+from __future__ import annotations
+
+import pytest
+
+from faser import LLM, SamplingParams, SpecConfig
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [60] * 17]
+MAX_TOKENS = 24
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def run(models, shape, policy, **engine_kwargs):
+    llm = LLM(
+        str(models[shape]), draft_model=str(models[f"{shape}_draft"]),
+        spec=SpecConfig(policy=policy), num_kv_blocks=engine_kwargs.pop("num_kv_blocks", 96),
+        block_size=engine_kwargs.pop("block_size", 4), **engine_kwargs,
+    )
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks  # nothing leaked
+    return llm, outputs
+
+
+@pytest.mark.parametrize("shape", ["gqa_tied", "mha_untied", "qwen2_bias"])
+@pytest.mark.parametrize("policy", ["off", "fixed:1", "fixed:3", "fixed:6"])
+def test_policy_matches_hf_generate(tiny_models, hf_greedy, shape, policy):
+    _, outputs = run(tiny_models, shape, policy)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy(shape, prompt, MAX_TOKENS)
+        assert out.finish_reason == "length"
+
+
+def test_speculation_accepts_some_and_rejects_some(tiny_models):
+    llm, outputs = run(tiny_models, "gqa_tied", "fixed:4")
+    stats = llm.engine.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    assert all(1.0 < o.spec.mean_acceptance_length < 5.0 for o in outputs)
+
+
+@pytest.mark.parametrize("frontier_size", [1, 2])
+def test_frontiers_prune_and_stay_lossless(tiny_models, hf_greedy, frontier_size):
+    """Verification in frontiers computes no position after a rejection."""
+    one, one_out = run(tiny_models, "gqa_tied", "fixed:6")
+    spec = SpecConfig(policy="fixed:6", frontier_size=frontier_size)
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=spec, num_kv_blocks=96, block_size=4)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+    stats = llm.engine.stats
+    assert stats.num_pruned_positions > 0
+    # the same drafts were verified; pruning only removed target positions
+    assert stats.num_accepted_tokens == one.engine.stats.num_accepted_tokens
+    pruned_saving = one.engine.target.num_positions_computed - llm.engine.target.num_positions_computed
+    assert pruned_saving == stats.num_pruned_positions
+
+
+def test_chunked_prefill_and_preemption_keep_output(tiny_models, hf_greedy):
+    """A token budget smaller than a prompt and too few KV blocks for the batch: chunks and
+    preemptions must not change a single token."""
+    llm, outputs = run(
+        tiny_models, "mha_untied", "fixed:3", num_kv_blocks=24, block_size=4,
+        max_num_batched_tokens=8, max_num_seqs=4,
+    )
+    assert llm.engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("mha_untied", prompt, MAX_TOKENS)
+
+
+def test_smaller_draft_architecture(tiny_models, hf_greedy):
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["small_draft"]),
+              spec=SpecConfig(policy="fixed:3"), num_kv_blocks=96, block_size=4)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+
+
+def test_per_request_policy_override_mixes_in_one_batch(tiny_models, hf_greedy):
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=SpecConfig(policy="off"), num_kv_blocks=96, block_size=4)
+    engine = llm.engine
+    specs = [None, {"policy": "fixed", "max_k": 2}, {"policy": "fixed", "max_k": 5}, None]
+    for i, (prompt, spec) in enumerate(zip(PROMPTS, specs, strict=True)):
+        engine.add_request(str(i), prompt, GREEDY, spec=spec)
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    for i, prompt in enumerate(PROMPTS):
+        assert done[str(i)].token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+    assert done["0"].spec.num_draft_tokens == 0
+    assert done["2"].spec.num_draft_tokens > 0
