@@ -16,7 +16,15 @@ from faser.outputs import RequestOutput, SpecStats
 from faser.runner.block_manager import BlockManager
 from faser.runner.kv_cache import kv_bytes_per_slot
 from faser.runner.model_runner import ModelRunner
+from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
 from faser.sampling_params import SamplingParams
+from faser.spec.cost_model import (
+    DRAFT_POINTS,
+    TARGET_POINTS,
+    CostProfile,
+    load_or_profile,
+    profile_key,
+)
 from faser.spec.speculator import Speculator
 from faser.spec.state import SpecState
 from faser.spec.verifier import Verdict
@@ -41,7 +49,8 @@ class LLMEngine:
         if self.pair.draft is not None:
             draft = ModelRunner(self.pair.draft, num_blocks, config.block_size, config.device)
         self.scheduler = Scheduler(config, self.blocks)
-        self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map)
+        profiler = (lambda: self._profile(draft)) if draft is not None else None
+        self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)
         self._ids = itertools.count()
         self._aborted: list[Sequence] = []
 
@@ -53,6 +62,30 @@ class LLMEngine:
         )
         slots = int(self.config.kv_cache_memory_gb * 2**30 / per_slot)
         return max(4, slots // self.config.block_size)
+
+    def _profile(self, draft: ModelRunner) -> CostProfile:
+        """The step-cost profile, measured once per model pair, device, dtype and thread count and
+        cached on disk. Measured when a cost-aware policy is first needed, on blocks borrowed from
+        the pool so that no live request's cache is touched."""
+        config = self.config
+        key = profile_key(
+            f"{self.pair.target_dir}+{self.pair.draft_dir}", config.device, config.dtype,
+            config.num_threads,
+        )
+        table: list[int] = []
+        if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):
+            raise RuntimeError("no free KV blocks to profile the step cost on")
+        try:
+            return load_or_profile(
+                key,
+                decode_timer(self.target, table),
+                decode_timer(draft, table),
+                [n for n in TARGET_POINTS if n <= config.max_num_batched_tokens],
+                [n for n in DRAFT_POINTS if n <= config.max_num_seqs],
+                cache_dir=config.spec.profile_cache_dir,
+            )
+        finally:
+            self.blocks.free(table)
 
     # -- requests ---------------------------------------------------------------------------
 

@@ -23,6 +23,8 @@ class ModelPair:
     model_name: str
     max_model_len: int
     eos_token_ids: frozenset[int]
+    target_dir: Path
+    draft_dir: Path | None
 
 
 def resolve(path: str | None, kind: str) -> Path:
@@ -43,7 +45,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # rotary tables must also cover draft and verify positions past the last committed token
     max_position = max_len + max_k + 2
     target = load_model(target_dir, config.device, config.dtype, max_position)
-    draft, token_map = None, None
+    draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")
         draft = load_model(draft_dir, config.device, config.dtype, max_position)
@@ -52,7 +54,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
-        _eos_ids(hf_config, tokenizer, target_dir),
+        _eos_ids(hf_config, tokenizer, target_dir), target_dir, draft_dir,
     )
 
 

@@ -5,6 +5,7 @@ scheduled requests and commits what it returns."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -13,12 +14,15 @@ import torch
 from faser.config import SpecConfig
 from faser.outputs import SpecStats
 from faser.runner.model_runner import ModelRunner
+from faser.spec.cost_model import CostProfile
 from faser.spec.plan import LoadView, StepPlan
 from faser.spec.policy import Policy, make_policy
 from faser.spec.proposer import Proposal, Proposer
 from faser.spec.request import SpecRequest
+from faser.spec.trace import DecisionTrace
 from faser.spec.verifier import Verdict, Verifier
 
+_TRACE_FIELDS = ("expected_accepted", "predicted_time_s")
 # grows a request's block table to cover n slots; False when no block is free
 Reserve = Callable[[SpecRequest, int], bool]
 
@@ -30,15 +34,20 @@ class Speculator:
         target: ModelRunner,
         draft: ModelRunner | None,
         token_map: torch.Tensor | None,
+        profiler: Callable[[], CostProfile] | None = None,
     ) -> None:
         self.config = config
+        self._profiler = profiler  # measures the cost model when a cost-aware policy needs it
+        self._cost_model: CostProfile | None = None
         self.verifier = Verifier(target)
         vocab = target.vocab_size
         self.proposer = Proposer(draft, vocab, token_map) if draft is not None else None
         self._policies: dict[str, Policy] = {}
-        self.cluster_load: float | None = None
+        self._cluster_load: float | None = None
         self.mode = "off" if config.policy == "off" else "prune"
         self.stats = SpecStats()
+        self.trace = DecisionTrace.from_config(config)
+        self.num_steps = 0
 
     @property
     def has_draft(self) -> bool:
@@ -46,8 +55,32 @@ class Speculator:
 
     def policy(self, name: str) -> Policy:
         if name not in self._policies:
-            self._policies[name] = make_policy(replace(self.config, policy=name))
+            cost = self.cost_model if name.startswith("faser") else None
+            policy = make_policy(replace(self.config, policy=name), cost_model=cost)
+            if policy.controller is not None and self._cluster_load is not None:
+                policy.controller.set_cluster_load(self._cluster_load)
+            self._policies[name] = policy
         return self._policies[name]
+
+    @property
+    def cost_model(self) -> CostProfile:
+        if self._cost_model is None:
+            if self._profiler is None:
+                raise ValueError("the faser policies need a draft model")
+            self._cost_model = self._profiler()
+        return self._cost_model
+
+    @property
+    def cluster_load(self) -> float | None:
+        return self._cluster_load
+
+    @cluster_load.setter
+    def cluster_load(self, load: float) -> None:
+        """The router's fleet-wide load signal, handed to every mode controller."""
+        self._cluster_load = load
+        for policy in self._policies.values():
+            if policy.controller is not None:
+                policy.controller.set_cluster_load(load)
 
     def run(
         self,
@@ -56,6 +89,7 @@ class Speculator:
         load: LoadView,
         reserve: Reserve,
     ) -> tuple[list[Verdict], list[int | None]]:
+        start = time.perf_counter()
         plans = self._plan(decodes, load)
         max_k = self._fit(decodes, plans, load.token_budget, reserve)
         proposal = self._propose(decodes, max_k, plans)
@@ -64,7 +98,24 @@ class Speculator:
         )
         verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         self._observe(decodes, proposal, verdicts)
+        self._record(plans, proposal, verdicts, frontier, time.perf_counter() - start)
         return verdicts, prefill_tokens
+
+    def _record(self, plans, proposal: Proposal, verdicts, frontier, elapsed: float) -> None:
+        self.num_steps += 1
+        if not self.trace.enabled or not verdicts:
+            return
+        main = plans.get(self.config.policy)
+        notes = main.notes if main is not None else {}
+        self.trace.record(
+            self.num_steps, self.mode, [len(d) for d in proposal.draft_token_ids], frontier,
+            predicted_accepted=notes.get("expected_accepted"),
+            realised_accepted=[v.num_accepted for v in verdicts],
+            predicted_time_s=notes.get("predicted_time_s"),
+            measured_time_s=elapsed,
+            cluster_load=self._cluster_load,
+            **{k: v for k, v in notes.items() if k not in _TRACE_FIELDS},
+        )
 
     def _plan(self, decodes: list[SpecRequest], load: LoadView) -> dict[str, StepPlan]:
         """One plan per policy present in the batch (requests may override the engine's)."""

@@ -23,8 +23,12 @@ def run(models, shape, policy, **engine_kwargs):
     return llm, outputs
 
 
+ALL_POLICIES = ["off", "fixed:1", "fixed:3", "fixed:6", "dsd", "heuristic", "faser",
+                "faser-nooverlap", "faser-noprune"]
+
+
 @pytest.mark.parametrize("shape", ["gqa_tied", "mha_untied", "qwen2_bias"])
-@pytest.mark.parametrize("policy", ["off", "fixed:1", "fixed:3", "fixed:6"])
+@pytest.mark.parametrize("policy", ALL_POLICIES)
 def test_policy_matches_hf_generate(tiny_models, hf_greedy, shape, policy):
     _, outputs = run(tiny_models, shape, policy)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
