@@ -1,10 +1,10 @@
 """Runs the Triton kernels under Triton's interpreter on the CPU.
 
-Triton decides interpreter or compiler when a kernel is decorated, i.e. when its module is first
-imported. Without a GPU, TRITON_INTERPRET=1 is set here, before any test imports the kernels. So
-that the interpreter cases work even when something imported the compiled modules earlier (or a
-GPU is present and they must stay compiled for the CUDA cases), `interpreted` loads private,
-interpreted copies of the three kernel modules from their files.
+Without a GPU, TRITON_INTERPRET=1 is set here, before any test imports Triton, so the
+interpreter cases (those using the `interpreted` fixture, marked `triton_interpreter`) run in
+this process on private, interpreted copies of the kernel modules. Where Triton was already
+imported to compile (a GPU machine, or an earlier test), they skip here and
+test_interpreter_process.py runs them in a fresh process instead.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from triton_mode import interpreter_in_process
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -45,7 +46,19 @@ def _load_interpreted(name: str) -> types.ModuleType:
 def interpreted() -> dict[str, types.ModuleType]:
     """name -> an interpreted copy of faser_kernels.<name>."""
     pytest.importorskip("triton")
+    if not interpreter_in_process():
+        pytest.skip("Triton compiles in this process: test_interpreter_process.py runs this")
     return {name: _load_interpreted(name) for name in TRITON_MODULES}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "triton_interpreter: runs a kernel in Triton's interpreter")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "interpreted" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.triton_interpreter)
 
 
 @pytest.fixture(autouse=True)

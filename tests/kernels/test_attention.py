@@ -21,6 +21,7 @@ CASES = [
     AttentionCase(8, 2, 128, 16, q_lens=(19, 1, 4, 1), context_lens=(0, 33, 12, 2)),  # mixed
     AttentionCase(2, 1, 16, 5, q_lens=(3, 1), context_lens=(11, 4)),  # block_size not a power of 2
     AttentionCase(4, 2, 16, 4, q_lens=(40,), context_lens=(6,)),  # many query blocks
+    AttentionCase(4, 2, 16, 4, q_lens=(2, 0, 3), context_lens=(3, 5, 0)),  # a request sits out
 ]
 
 
@@ -111,8 +112,9 @@ def test_cuda_no_recompile_across_decode_batches():
 
     before = _num_compiled(_paged_attention_kernel)
     for num_seqs, context in ((1, 5), (3, 17), (8, 40), (5, 2)):
-        case = AttentionCase(8, 2, 64, 16, q_lens=(1,) * num_seqs, context_lens=(context,) * num_seqs,
-                             dtype=torch.bfloat16)
+        case = AttentionCase(
+            8, 2, 64, 16, (1,) * num_seqs, (context,) * num_seqs, dtype=torch.bfloat16
+        )
         paged_attention_triton(*paged_batch(case, seed=num_seqs, device="cuda").args(0.125))
     assert _num_compiled(_paged_attention_kernel) - before <= 1
 
