@@ -1,0 +1,277 @@
+"""Speculation policies side by side: same models, prompts and machine, one process.
+
+    python -m benchmarks.policies --model M --draft-model D --num-prompts 16 --max-tokens 64 \
+        --concurrency 1,4,16,32 --policies off,fixed:4,dsd,heuristic,faser \
+        --json out.json --plots out/
+
+    python -m benchmarks.policies ... --trace conv --time-scale 0.02 --max-requests 32
+
+Closed loop (`--concurrency`): C requests in flight, refilled as they finish, until all
+`--num-prompts` are done. Open loop (`--trace`): requests arrive at their Azure trace times divided
+by `--time-scale` (a list gives one load level each), asking for GeneratedTokens capped by
+`--max-tokens`; the prompt is Spec-Bench's (the trace has no text).
+
+One engine serves every policy: the models load once and each request carries its policy
+(`add_request(..., spec={"policy", "max_k"})`). The engine keeps one policy object per name, so
+each faser variant has its own mode controller; its state carries over from one load level to the
+next (hysteresis settles within `patience` steps). Runs are interleaved by load level (every
+policy at C = 1, then every policy at C = 4, ...) so that machine noise hits all alike, after one
+untimed warm-up request per policy (which also measures or loads the cost profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from faser.config import POLICIES, EngineConfig, SpecConfig, parse_policy
+from faser.engine.llm_engine import LLMEngine
+
+from benchmarks.driver import RunResult, RunSpec, run_closed, run_open
+from benchmarks.metrics import Slo, summarise
+from benchmarks.table import format_table
+from benchmarks.workload import (
+    DEFAULT_PROMPTS,
+    BenchRequest,
+    closed_requests,
+    encode_prompt,
+    fit_prompt,
+    load_prompts,
+    open_requests,
+    read_trace,
+    trace_arrivals,
+)
+
+DEFAULT_POLICIES = ",".join(("off", "fixed:4", *POLICIES[2:]))
+TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACE_NAMES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyArg:
+    label: str  # as given on the command line, e.g. "fixed:4"
+    spec: dict  # the per-request override
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One load level: every policy runs these requests."""
+
+    fields: dict  # what the records say about the load: concurrency, or trace and time_scale
+    requests: list[BenchRequest]
+    concurrency: int | None  # None: open loop
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.policies", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="target (default: the embedded default)")
+    p.add_argument("--draft-model", default=None, help="draft (default: the embedded default)")
+    p.add_argument("--prompts", default=None, help=f"Spec-Bench JSON lines ({DEFAULT_PROMPTS})")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64, help="output length (cap, open loop)")
+    p.add_argument("--concurrency", default=None, help="closed-loop levels (default 1,4,16,32)")
+    p.add_argument("--trace", default=None, help="Azure trace CSV, or `conv` / `code`")
+    p.add_argument("--time-scale", default="1.0", help="replay offset = trace offset / S; a list")
+    p.add_argument("--max-requests", type=int, default=32, help="trace rows replayed")
+    p.add_argument("--policies", default=DEFAULT_POLICIES)
+    p.add_argument("--slo-tpot-ms", type=float, default=None)
+    p.add_argument("--slo-ttft-ms", type=float, default=None)
+    p.add_argument("--json", default=None, help="write the records here")
+    p.add_argument("--plots", default=None, help="write PNG figures into this directory")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def parse_policies(text: str) -> list[PolicyArg]:
+    """'off,fixed:4,faser' -> per-request overrides; a bare name keeps the engine's k cap."""
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        name, k = parse_policy(item, SpecConfig().num_speculative_tokens)
+        spec = {"policy": name, "max_k": k} if ":" in item else {"policy": name}
+        out.append(PolicyArg(item, spec))
+    if not out:
+        raise ValueError("policies: give at least one policy")
+    if len({p.label for p in out}) != len(out):
+        raise ValueError(f"policies: listed twice in {text!r}")
+    return out
+
+
+def parse_list(text: str, kind: type, field: str) -> list:
+    try:
+        values = [kind(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"{field}: expected a comma-separated list, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"{field}: values must be > 0, got {text!r}")
+    return values
+
+
+def trace_file(name: str) -> Path:
+    return TRACES_DIR / TRACE_NAMES[name] if name in TRACE_NAMES else Path(name)
+
+
+def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
+    spec = SpecConfig(policy="off", profile_cache_dir=args.profile_cache)
+    config = EngineConfig(
+        model=args.model, draft_model=args.draft_model, spec=spec, device=args.device,
+        dtype=args.dtype, num_threads=args.threads, seed=args.seed,
+        max_num_seqs=max(64, max_concurrency), max_num_batched_tokens=max(512, max_concurrency),
+    )
+    return LLMEngine(config)
+
+
+def build_levels(args: argparse.Namespace, prompt_ids: list[list[int]]) -> list[Level]:
+    levels = []
+    if args.concurrency is not None or args.trace is None:
+        requests = closed_requests(prompt_ids, args.max_tokens)
+        for c in parse_list(args.concurrency or "1,4,16,32", int, "concurrency"):
+            levels.append(Level({"concurrency": c}, requests, c))
+    if args.trace is not None:
+        path = trace_file(args.trace)
+        rows = read_trace(path)
+        for scale in parse_list(args.time_scale, float, "time_scale"):
+            arrivals = trace_arrivals(rows, scale, args.max_requests, args.max_tokens)
+            fields = {"trace": path.name, "time_scale": scale, "max_requests": len(arrivals),
+                      "replay_span_s": arrivals[-1].offset_s}
+            levels.append(Level(fields, open_requests(prompt_ids, arrivals), None))
+    return levels
+
+
+def engine_slo_kwargs(engine: LLMEngine, slo: Slo) -> dict:
+    """The SLO as an add_request argument when the engine takes one; else attainment is only
+    measured here."""
+    if not slo.given or "slo" not in inspect.signature(engine.add_request).parameters:
+        return {}
+    targets = {"tpot_ms": slo.tpot_ms, "ttft_ms": slo.ttft_ms}
+    return {"slo": {k: v for k, v in targets.items() if v is not None}}
+
+
+def mode_steps(engine: LLMEngine, policy: str) -> dict[str, int]:
+    """Steps the policy's mode controller has spent in each mode so far (faser family only)."""
+    instance = engine.speculator._policies.get(policy)  # read only: never creates one
+    if instance is None or instance.controller is None:
+        return {}
+    return dict(instance.controller.steps_in_mode)
+
+
+def run_level(engine: LLMEngine, level: Level, run: RunSpec, bar: tqdm) -> RunResult:
+    if level.concurrency is None:
+        return run_open(engine, level.requests, run, on_finish=lambda: bar.update(1))
+    return run_closed(engine, level.requests, level.concurrency, run, lambda: bar.update(1))
+
+
+def warm_up(engine: LLMEngine, policies: list[PolicyArg], prompt: list[int]) -> None:
+    """One short untimed request per policy: first-call costs and the cost profile."""
+    request = [BenchRequest(tuple(prompt), WARMUP_TOKENS)]
+    for p in policies:
+        run_closed(engine, request, 1, RunSpec(f"warmup-{p.label}", p.spec, ignore_eos=True))
+
+
+def benchmark(args: argparse.Namespace) -> list[dict]:
+    policies = parse_policies(args.policies)
+    slo = Slo(args.slo_tpot_ms, args.slo_ttft_ms)
+    if args.max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    torch.manual_seed(args.seed)
+    max_c = max(parse_list(args.concurrency, int, "concurrency")) if args.concurrency else 32
+    engine = build_engine(args, max_c)
+    vocab = engine.pair.target.config.vocab_size
+    prompts = load_prompts(args.prompts, args.num_prompts)
+    prompt_ids = [
+        fit_prompt(encode_prompt(p, engine.tokenizer, vocab), args.max_tokens, engine.max_model_len)
+        for p in prompts
+    ]
+    levels = build_levels(args, prompt_ids)
+    slo_kwargs = engine_slo_kwargs(engine, slo)
+    warm_up(engine, policies, prompt_ids[0])
+    total = sum(len(level.requests) for level in levels) * len(policies)
+    records: list[dict] = []
+    with tqdm(total=total, desc="requests", disable=args.no_progress, file=sys.stderr) as bar:
+        for n, level in enumerate(levels):
+            first_outputs: list[list[int]] | None = None
+            for p in policies:
+                run = RunSpec(f"L{n}-{p.label}", p.spec, args.ignore_eos or level.concurrency is None,
+                              slo_kwargs)
+                before = mode_steps(engine, p.spec["policy"])
+                result = run_level(engine, level, run, bar)
+                tokens = [o.token_ids for o in result.outputs]
+                first_outputs = first_outputs if first_outputs is not None else tokens
+                records.append(_record(p, level, args, result, slo, slo_kwargs, first_outputs,
+                                       _delta(before, mode_steps(engine, p.spec["policy"]))))
+    return records
+
+
+def _record(p: PolicyArg, level: Level, args, result: RunResult, slo: Slo, slo_kwargs: dict,
+            first_outputs: list[list[int]], modes: dict[str, int]) -> dict:
+    record: dict = {"policy": p.label, **level.fields, "max_tokens": args.max_tokens}
+    record.update(summarise(result, slo))
+    matches = [o.token_ids == ref for o, ref in zip(result.outputs, first_outputs, strict=True)]
+    # greedy output is the target's own whatever the policy: every run must match the first
+    record["outputs_match_first_policy"] = sum(matches) / len(matches)
+    if modes:
+        record["mode_steps"] = modes
+    if slo.given:
+        record.update(slo_tpot_ms=slo.tpot_ms, slo_ttft_ms=slo.ttft_ms,
+                      slo_passed_to_engine=bool(slo_kwargs))
+    return record
+
+
+def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    return {mode: n - before.get(mode, 0) for mode, n in after.items() if n - before.get(mode, 0)}
+
+
+def describe(args: argparse.Namespace) -> str:
+    lines = [
+        f"target {args.model or 'default (smollm2-135m-instruct)'}, "
+        f"draft {args.draft_model or 'default'}, {args.device} {args.dtype}, "
+        f"{args.threads} torch thread(s), greedy, seed {args.seed}",
+        f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
+        f"template), max_tokens {args.max_tokens}",
+    ]
+    if args.trace is not None:
+        lines.append(
+            f"open loop: trace {trace_file(args.trace)}, time scale {args.time_scale} (replay "
+            f"offset = trace offset / scale), first {args.max_requests} rows, GeneratedTokens "
+            f"capped at {args.max_tokens}, ignore_eos"
+        )
+    if args.slo_tpot_ms is not None or args.slo_ttft_ms is not None:
+        lines.append(f"SLO: TPOT <= {args.slo_tpot_ms} ms, TTFT <= {args.slo_ttft_ms} ms")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    records = benchmark(args)
+    print(describe(args))
+    print(format_table(records))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(records, indent=1))
+    if args.plots:
+        from benchmarks.plots import plot_records
+
+        for path in plot_records(records, args.plots, title=describe(args).splitlines()[0]):
+            print(f"wrote {path}")
+    return records
+
+
+if __name__ == "__main__":
+    main()
