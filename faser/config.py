@@ -66,6 +66,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
+    weight_format: str = "dense"  # "mkldnn": linear weights prepacked for oneDNN (CPU)
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):

@@ -37,7 +37,10 @@ class LLM:
         prompts: str | list[int] | Sequence[str | list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        spec: dict | None = None,
     ) -> list[RequestOutput]:
+        """`spec` overrides the engine's speculation for these requests:
+        {"policy": "fixed", "max_k": 3}."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -45,7 +48,15 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("sampling_params: one per prompt, or a single one for all")
-        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(prompts, params, strict=True)]
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                ids.append(self.engine.add_request(None, prompt, sp, spec=spec))
+        except ValueError:
+            for request_id in ids:  # all or nothing: a bad prompt leaves no request behind
+                self.engine.abort_request(request_id)
+            self.engine.step()
+            raise
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
             while self.engine.has_unfinished_requests():

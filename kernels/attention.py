@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from faser_kernels.backend import use_triton
 
 

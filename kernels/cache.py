@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from faser_kernels.backend import use_triton
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+
 from faser_kernels.backend import use_triton
 
 

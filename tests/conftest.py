@@ -1,8 +1,7 @@
-"""Shared fixtures: tiny random-weight Llama-family checkpoints built in the test, no files needed."""
+"""Test-wide settings: one torch thread (the machine has two cores and tests run beside others)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 torch.set_num_threads(1)

@@ -10,6 +10,7 @@ from torch import nn
 
 from faser.config import EngineConfig
 from faser.models.loader import load_hf_config, load_model
+from faser.runner.weights import pack_weights
 
 DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
 
@@ -45,10 +46,12 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # rotary tables must also cover draft and verify positions past the last committed token
     max_position = max_len + max_k + 2
     target = load_model(target_dir, config.device, config.dtype, max_position)
+    pack_weights(target, config.weight_format, config.device)
     draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")
         draft = load_model(draft_dir, config.device, config.dtype, max_position)
+        pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
     tokenizer = _load_tokenizer(target_dir)

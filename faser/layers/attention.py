@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from faser_kernels import paged_attention, store_kvcache
 from torch import nn
+
+from faser_kernels import paged_attention, store_kvcache
 
 
 @dataclass(frozen=True, slots=True)

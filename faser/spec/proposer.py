@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from faser_kernels.rejection import sample_inverse_cdf
 
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.spec.request import SpecRequest
 from faser.spec.sampling import request_probs
+from faser_kernels.rejection import sample_inverse_cdf
 
 
 @dataclass(slots=True)

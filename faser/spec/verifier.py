@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from faser_kernels import rejection_sample
 
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
@@ -20,6 +19,7 @@ from faser.sampling_params import SamplingParams
 from faser.spec.proposer import Proposal
 from faser.spec.request import SpecRequest
 from faser.spec.sampling import request_probs
+from faser_kernels import rejection_sample
 
 
 @dataclass(slots=True)

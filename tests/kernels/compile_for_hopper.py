@@ -34,6 +34,7 @@ def _signature(kernel, pointers: dict[str, str], constexprs: dict, scalars: dict
 def _variants(quick: bool):
     """Every dtype and shape family the wrappers launch; `quick`: one of each code path."""
     import triton
+
     from faser_kernels import triton_attention, triton_cache, triton_rejection
 
     for dtype in ("bf16",) if quick else ("bf16", "fp16", "fp32"):

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 import torch
-from faser_kernels.attention import paged_attention, paged_attention_torch
 from kernel_cases import AttentionCase, PagedBatch, paged_batch
+
+from faser_kernels.attention import paged_attention, paged_attention_torch
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CASES = [

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+
 from faser_kernels.cache import store_kvcache, store_kvcache_torch
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

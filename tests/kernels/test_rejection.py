@@ -8,8 +8,9 @@ import sys
 
 import pytest
 import torch
-from faser_kernels.rejection import rejection_sample, rejection_sample_torch
 from kernel_cases import RejectionBatch, rejection_batch
+
+from faser_kernels.rejection import rejection_sample, rejection_sample_torch
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 VOCAB = 6
