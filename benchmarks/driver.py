@@ -12,11 +12,10 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from benchmarks.workload import BenchRequest
 from faser.engine.llm_engine import LLMEngine
 from faser.outputs import RequestOutput
 from faser.sampling_params import SamplingParams
-
-from benchmarks.workload import BenchRequest
 
 
 @dataclass(frozen=True, slots=True)

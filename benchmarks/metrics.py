@@ -12,9 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from faser.outputs import RequestOutput
-
 from benchmarks.driver import RunResult
+from faser.outputs import RequestOutput
 
 
 @dataclass(frozen=True, slots=True)

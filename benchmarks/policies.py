@@ -32,9 +32,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from faser.config import POLICIES, EngineConfig, SpecConfig, parse_policy
-from faser.engine.llm_engine import LLMEngine
-
 from benchmarks.driver import RunResult, RunSpec, run_closed, run_open
 from benchmarks.metrics import Slo, summarise
 from benchmarks.table import format_table
@@ -49,6 +46,8 @@ from benchmarks.workload import (
     read_trace,
     trace_arrivals,
 )
+from faser.config import POLICIES, EngineConfig, SpecConfig, parse_policy
+from faser.engine.llm_engine import LLMEngine
 
 DEFAULT_POLICIES = ",".join(("off", "fixed:4", *POLICIES[2:]))
 TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -185,7 +184,18 @@ def warm_up(engine: LLMEngine, policies: list[PolicyArg], prompt: list[int]) -> 
         run_closed(engine, request, 1, RunSpec(f"warmup-{p.label}", p.spec, ignore_eos=True))
 
 
-def benchmark(args: argparse.Namespace) -> list[dict]:
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """Everything a benchmark run needs, prepared before any timing starts."""
+
+    engine: LLMEngine
+    policies: list[PolicyArg]
+    levels: list[Level]
+    slo: Slo
+    slo_kwargs: dict  # passed to add_request (empty when the engine takes no SLO)
+
+
+def prepare(args: argparse.Namespace) -> Bench:
     policies = parse_policies(args.policies)
     slo = Slo(args.slo_tpot_ms, args.slo_ttft_ms)
     if args.max_tokens < 1:
@@ -194,44 +204,48 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
     max_c = max(parse_list(args.concurrency, int, "concurrency")) if args.concurrency else 32
     engine = build_engine(args, max_c)
     vocab = engine.pair.target.config.vocab_size
-    prompts = load_prompts(args.prompts, args.num_prompts)
     prompt_ids = [
         fit_prompt(encode_prompt(p, engine.tokenizer, vocab), args.max_tokens, engine.max_model_len)
-        for p in prompts
+        for p in load_prompts(args.prompts, args.num_prompts)
     ]
     levels = build_levels(args, prompt_ids)
-    slo_kwargs = engine_slo_kwargs(engine, slo)
     warm_up(engine, policies, prompt_ids[0])
-    total = sum(len(level.requests) for level in levels) * len(policies)
+    return Bench(engine, policies, levels, slo, engine_slo_kwargs(engine, slo))
+
+
+def benchmark(args: argparse.Namespace) -> list[dict]:
+    bench = prepare(args)
+    total = sum(len(level.requests) for level in bench.levels) * len(bench.policies)
     records: list[dict] = []
     with tqdm(total=total, desc="requests", disable=args.no_progress, file=sys.stderr) as bar:
-        for n, level in enumerate(levels):
-            first_outputs: list[list[int]] | None = None
-            for p in policies:
-                run = RunSpec(f"L{n}-{p.label}", p.spec, args.ignore_eos or level.concurrency is None,
-                              slo_kwargs)
-                before = mode_steps(engine, p.spec["policy"])
-                result = run_level(engine, level, run, bar)
-                tokens = [o.token_ids for o in result.outputs]
-                first_outputs = first_outputs if first_outputs is not None else tokens
-                records.append(_record(p, level, args, result, slo, slo_kwargs, first_outputs,
-                                       _delta(before, mode_steps(engine, p.spec["policy"]))))
+        for n, level in enumerate(bench.levels):
+            records += run_policies(bench, args, n, level, bar)
     return records
 
 
-def _record(p: PolicyArg, level: Level, args, result: RunResult, slo: Slo, slo_kwargs: dict,
-            first_outputs: list[list[int]], modes: dict[str, int]) -> dict:
-    record: dict = {"policy": p.label, **level.fields, "max_tokens": args.max_tokens}
-    record.update(summarise(result, slo))
-    matches = [o.token_ids == ref for o, ref in zip(result.outputs, first_outputs, strict=True)]
-    # greedy output is the target's own whatever the policy: every run must match the first
-    record["outputs_match_first_policy"] = sum(matches) / len(matches)
-    if modes:
-        record["mode_steps"] = modes
-    if slo.given:
-        record.update(slo_tpot_ms=slo.tpot_ms, slo_ttft_ms=slo.ttft_ms,
-                      slo_passed_to_engine=bool(slo_kwargs))
-    return record
+def run_policies(bench: Bench, args, n: int, level: Level, bar: tqdm) -> list[dict]:
+    """Every policy at one load level; the first policy's outputs are the reference."""
+    records: list[dict] = []
+    reference: list[list[int]] | None = None
+    for p in bench.policies:
+        ignore_eos = args.ignore_eos or level.concurrency is None
+        run = RunSpec(f"L{n}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs)
+        before = mode_steps(bench.engine, p.spec["policy"])
+        result = run_level(bench.engine, level, run, bar)
+        modes = _delta(before, mode_steps(bench.engine, p.spec["policy"]))
+        reference = reference or [o.token_ids for o in result.outputs]
+        record = {"policy": p.label, **level.fields, "max_tokens": args.max_tokens}
+        record.update(summarise(result, bench.slo))
+        matches = [o.token_ids == ref for o, ref in zip(result.outputs, reference, strict=True)]
+        # greedy output is the target's own whatever the policy: every run must match the first
+        record["outputs_match_first_policy"] = sum(matches) / len(matches)
+        if modes:
+            record["mode_steps"] = modes
+        if bench.slo.given:
+            record.update(slo_tpot_ms=bench.slo.tpot_ms, slo_ttft_ms=bench.slo.ttft_ms,
+                          slo_passed_to_engine=bool(bench.slo_kwargs))
+        records.append(record)
+    return records
 
 
 def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
