@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from benchmarks.common import DEFAULT_PROMPTS
 from benchmarks.driver import RunResult, RunSpec, run_closed, run_open
 from benchmarks.metrics import Slo, summarise
 from benchmarks.table import format_table
 from benchmarks.workload import (
-    DEFAULT_PROMPTS,
     BenchRequest,
     closed_requests,
     encode_prompt,
@@ -92,6 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--weight-format", default=EngineConfig().weight_format, help="dense or mkldnn")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -131,8 +132,9 @@ def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
     spec = SpecConfig(policy="off", profile_cache_dir=args.profile_cache)
     config = EngineConfig(
         model=args.model, draft_model=args.draft_model, spec=spec, device=args.device,
-        dtype=args.dtype, num_threads=args.threads, seed=args.seed,
-        max_num_seqs=max(64, max_concurrency), max_num_batched_tokens=max(512, max_concurrency),
+        dtype=args.dtype, weight_format=args.weight_format, num_threads=args.threads,
+        seed=args.seed, max_num_seqs=max(64, max_concurrency),
+        max_num_batched_tokens=max(512, max_concurrency),
     )
     return LLMEngine(config)
 
@@ -255,7 +257,8 @@ def _delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
 def describe(args: argparse.Namespace) -> str:
     lines = [
         f"target {args.model or 'default (smollm2-135m-instruct)'}, "
-        f"draft {args.draft_model or 'default'}, {args.device} {args.dtype}, "
+        f"draft {args.draft_model or 'default'}, {args.device} {args.dtype} "
+        f"({args.weight_format} weights), "
         f"{args.threads} torch thread(s), greedy, seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
         f"template), max_tokens {args.max_tokens}",

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-# The repository is checked out beside shared/, so the data sits one level above the repo root.
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
+from benchmarks.common import DEFAULT_PROMPTS, chat_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +76,8 @@ def encode_prompt(prompt: PromptSpec, tokenizer, vocab_size: int) -> list[int]:
         return [t % vocab_size for t in prompt.token_ids]
     if tokenizer is None:
         return [b % vocab_size for b in prompt.text.encode("utf-8")]
-    messages = [{"role": "user", "content": prompt.text}]
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a batch
-            ids = ids["input_ids"]
-        return list(ids)
+        return chat_ids(tokenizer, prompt.text)
     return tokenizer.encode(prompt.text, add_special_tokens=False)
 
 
