@@ -9,7 +9,8 @@
 Closed loop (`--concurrency`): C requests in flight, refilled as they finish, until all
 `--num-prompts` are done. Open loop (`--trace`): requests arrive at their Azure trace times divided
 by `--time-scale` (a list gives one load level each), asking for GeneratedTokens capped by
-`--max-tokens`; the prompt is Spec-Bench's (the trace has no text).
+`--max-tokens`; the prompt is Spec-Bench's (the trace has no text). With `--trace` only the open
+loop runs unless `--concurrency` is also given.
 
 One engine serves every policy: the models load once and each request carries its policy
 (`add_request(..., spec={"policy", "max_k"})`). The engine keeps one policy object per name, so
