@@ -67,8 +67,17 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
     weight_format: str = "dense"  # "mkldnn": linear weights prepacked for oneDNN (CPU)
+    # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;
+    # None: split the engine's threads (no lanes, so no overlap, with fewer than two)
+    lane_threads: tuple[int, int] | None = None
+    # torch.compile the models' forwards (dynamic shapes); and, on CUDA, replay CUDA graphs of
+    # the forwards whose requests feed one token each (plain decodes, the draft's steps)
+    compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
+        if self.cuda_graphs and not self.device.startswith("cuda"):
+            raise ValueError(f"cuda_graphs needs a CUDA device, got device={self.device!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.block_size < 1 or self.max_num_seqs < 1:

@@ -15,6 +15,7 @@ from faser.engine.stop import append_tokens
 from faser.outputs import RequestOutput, SpecStats
 from faser.runner.block_manager import BlockManager
 from faser.runner.kv_cache import kv_bytes_per_slot
+from faser.runner.lanes import make_lanes
 from faser.runner.model_runner import ModelRunner
 from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
 from faser.sampling_params import SamplingParams
@@ -51,6 +52,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.blocks)
         profiler = (lambda: self._profile(draft)) if draft is not None else None
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)
+        if draft is not None:
+            self.speculator.use_lanes(make_lanes(config.device, config.lane_threads))
         self._ids = itertools.count()
         self._aborted: list[Sequence] = []
 

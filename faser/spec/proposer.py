@@ -38,6 +38,8 @@ class Proposer:
     ) -> None:
         # token_map: [draft_vocab] target ids, for drafts whose output layer covers only the
         # target's most frequent tokens
+        if token_map is not None:
+            token_map = token_map.to(runner.device)
         self.runner, self.target_vocab_size, self.token_map = runner, target_vocab_size, token_map
 
     def propose(
@@ -54,10 +56,10 @@ class Proposer:
             params = [seqs[i].params for i in active]
             rows = self._to_target_vocab(request_probs(logits, params), float("-inf"))
             confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
+            tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
             for row, i in enumerate(active):
-                token = self._pick(seqs[i], rows[row])
-                proposal.draft_token_ids[i].append(token)
-                proposal.confidences[i].append(float(confidence[row, token]))
+                proposal.draft_token_ids[i].append(tokens[row])
+                proposal.confidences[i].append(confidences[row])
                 cumulative[i] *= proposal.confidences[i][-1]
                 if not seqs[i].params.greedy:
                     q_rows[i].append(rows[row])
@@ -70,6 +72,29 @@ class Proposer:
             if q:
                 proposal.draft_probs[i] = torch.stack(q)
         return proposal
+
+    def extend(
+        self, seqs: list[SpecRequest], contexts: list[list[int]]
+    ) -> list[tuple[int, torch.Tensor | None, float]]:
+        """One draft forward: the next token after each context (committed tokens, then any
+        drafts assumed to follow them), with its q row (sampled requests; [target_vocab]) and
+        its confidence. The draft cache must hold contexts[i][:seqs[i].num_draft_cached]; the
+        rest is fed in one chunk (the newest token is fed again when nothing is missing)."""
+        chunks = []
+        for seq, context in zip(seqs, contexts, strict=True):
+            start = min(seq.num_draft_cached, len(context) - 1)
+            seq.num_draft_cached = len(context)
+            chunks.append(Chunk(context[start:], start, seq.block_table, num_logits=1))
+        logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
+        params = [seq.params for seq in seqs]
+        rows = self._to_target_vocab(request_probs(logits, params), float("-inf"))
+        confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
+        out = []
+        for row, seq in enumerate(seqs):
+            token = self._pick(seq, rows[row])
+            q = None if seq.params.greedy else rows[row]
+            out.append((token, q, float(confidence[row, token])))
+        return out
 
     @staticmethod
     def _chunk(seq: SpecRequest, step: int, drafted: list[int]) -> Chunk:
@@ -94,8 +119,26 @@ class Proposer:
         # none, so the draft's plain softmax stands in for it
         probs = torch.softmax(logits, dim=-1)
         sampled = request_probs(logits, params)
-        greedy = torch.tensor([p.greedy for p in params])[:, None]
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)[:, None]
         return torch.where(greedy, probs, sampled)
+
+    @classmethod
+    def _pick_rows(
+        cls,
+        seqs: list[SpecRequest],
+        rows: torch.Tensor,  # [num_rows, target_vocab]: logits (greedy) or probabilities
+        confidence: torch.Tensor,  # [num_rows, target_vocab]
+    ) -> tuple[list[int], list[float]]:
+        """Each row's token and the draft's confidence in it, read back from the device in one
+        copy each (per-row reads would each wait for the device on CUDA)."""
+        greedy = any(seq.params.greedy for seq in seqs)
+        argmax = rows.argmax(dim=-1).tolist() if greedy else []
+        tokens = [
+            argmax[r] if seq.params.greedy else cls._pick(seq, rows[r])
+            for r, seq in enumerate(seqs)
+        ]
+        index = torch.tensor(tokens, device=rows.device)[:, None]
+        return tokens, confidence.gather(1, index)[:, 0].tolist()
 
     @staticmethod
     def _pick(seq: SpecRequest, row: torch.Tensor) -> int:

@@ -13,8 +13,10 @@ import torch
 
 from faser.config import SpecConfig
 from faser.outputs import SpecStats
+from faser.runner.lanes import Lanes
 from faser.runner.model_runner import ModelRunner
 from faser.spec.cost_model import CostProfile
+from faser.spec.overlap import OverlapStep
 from faser.spec.plan import LoadView, StepPlan
 from faser.spec.policy import Policy, make_policy
 from faser.spec.proposer import Proposal, Proposer
@@ -48,6 +50,9 @@ class Speculator:
         self.stats = SpecStats()
         self.trace = DecisionTrace.from_config(config)
         self.num_steps = 0
+        self.overlap: OverlapStep | None = None  # set by use_lanes
+        # test and benchmark hook: every speculative step overlaps when lanes exist
+        self.force_overlap = False
 
     @property
     def has_draft(self) -> bool:
@@ -92,11 +97,18 @@ class Speculator:
         start = time.perf_counter()
         plans = self._plan(decodes, load)
         max_k = self._fit(decodes, plans, load.token_budget, reserve)
-        proposal = self._propose(decodes, max_k, plans)
         frontier = self.config.frontier_size or min(
             (p.frontier_size for p in plans.values() if p.frontier_size), default=None
         )
-        verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
+        if self._overlaps(plans, max_k):
+            proposal, verdicts, prefill_tokens = self.overlap.run(
+                decodes, prefills, max_k, frontier, self._stop_confidence(plans), reserve
+            )
+        else:
+            if self.overlap is not None:
+                self.overlap.forget()
+            proposal = self._propose(decodes, max_k, plans)
+            verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         self._observe(decodes, proposal, verdicts)
         self._record(plans, proposal, verdicts, frontier, time.perf_counter() - start)
         return verdicts, prefill_tokens
@@ -143,11 +155,30 @@ class Speculator:
     def _propose(self, decodes, max_k: list[int], plans) -> Proposal:
         if self.proposer is None or not any(max_k):
             return Proposal([[] for _ in decodes], [None] * len(decodes), [[] for _ in decodes])
-        early = any(getattr(self.policy(name), "early_stop", False) for name in plans)
-        stop = self.config.draft_stop_confidence if early else None
-        proposal = self.proposer.propose(decodes, max_k, stop)
+        proposal = self.proposer.propose(decodes, max_k, self._stop_confidence(plans))
         proposal.truncate(self._trim(decodes, proposal, plans))
         return proposal
+
+    def _stop_confidence(self, plans) -> float | None:
+        early = any(getattr(self.policy(name), "early_stop", False) for name in plans)
+        return self.config.draft_stop_confidence if early else None
+
+    def use_lanes(self, lanes: Lanes | None) -> None:
+        """Gives the speculator two lanes: steps whose plan says overlap then run the draft and
+        the target at once (see faser/spec/overlap.py); None keeps every step sequential."""
+        if self.overlap is not None:
+            self.overlap.lanes.close()
+        self.overlap = None
+        if lanes is not None and self.proposer is not None:
+            self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
+
+    def _overlaps(self, plans: dict[str, StepPlan], max_k: list[int]) -> bool:
+        """Overlap when the engine has lanes, someone speculates and a plan asks for it. In
+        overlap, the policies' post-draft trim is not applied: verification starts before the
+        drafting ends; the draft's own confidence stop still cuts each line."""
+        if self.overlap is None or not any(max_k):
+            return False
+        return self.force_overlap or any(p.overlap for p in plans.values())
 
     def _trim(self, decodes, proposal: Proposal, plans) -> list[int]:
         k = [len(d) for d in proposal.draft_token_ids]

@@ -90,6 +90,40 @@ class Verifier:
             verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
         return verdicts, prefill_tokens
 
+    def verify_items(
+        self,
+        items: list[FrontierItem],
+        prefills: list[tuple[SpecRequest, int]],
+        prefill_tokens: list[int | None],
+    ) -> None:
+        """One target forward over frontiers of different requests, each at its own offset (the
+        overlapped step verifies a request as soon as its drafts exist), plus prefill riders;
+        updates each item's verdict and fills `prefill_tokens` as `verify` does."""
+        chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
+        chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
+        logits = self.runner.forward(chunks)  # [num_logits, vocab]
+        entries: list[_Entry] = []
+        owners: list = []
+        row = 0
+        for it in items:
+            one = Proposal([it.draft], [it.q], [[]])
+            u_accept, u_sample = it.uniforms
+            # _decode_entry reads the accept uniforms by draft position: put ours at the offset
+            padded = torch.cat([torch.zeros(it.offset), u_accept])
+            entry = _decode_entry(
+                it.seq, one, 0, logits, row, it.offset, it.size, (padded, u_sample)
+            )
+            row += len(entry.checked) + int(entry.final)
+            entries.append(entry)
+            owners.append(it.verdict)
+        for p, (seq, _) in enumerate(prefills):
+            if seq.num_cached == seq.num_tokens:
+                entries.append(_prefill_entry(seq, logits[row : row + 1]))
+                owners.append(p)
+                row += 1
+        if entries:
+            self._judge(entries, owners, prefill_tokens)
+
     @staticmethod
     def _judge(entries: list[_Entry], owners: list, prefill_tokens: list[int | None]) -> None:
         vocab = entries[0].rows.shape[-1]
@@ -98,19 +132,24 @@ class Verifier:
         cu = [0]
         for e in entries:
             cu.append(cu[-1] + len(e.checked))
+        # every input on the logits' device (the Triton kernel reads them all on CUDA); the
+        # uniforms come from the requests' CPU generators
+        device = entries[0].rows.device
         result = rejection_sample(
-            torch.tensor([t for e in entries for t in e.checked], dtype=torch.long),
-            torch.tensor(cu, dtype=torch.long),
-            torch.cat([e.q if e.q is not None else torch.zeros(len(e.checked), vocab)
+            torch.tensor([t for e in entries for t in e.checked], dtype=torch.long, device=device),
+            torch.tensor(cu, dtype=torch.long, device=device),
+            torch.cat([e.q if e.q is not None
+                       else torch.zeros(len(e.checked), vocab, device=device)
                        for e in entries]) if has_q else None,
             request_probs(torch.cat([e.rows for e in entries]), params),
-            torch.tensor([e.params.greedy for e in entries]),
-            torch.cat([e.u_accept for e in entries]),
-            torch.cat([e.u_sample for e in entries]),
+            torch.tensor([e.params.greedy for e in entries], device=device),
+            torch.cat([e.u_accept for e in entries]).to(device),
+            torch.cat([e.u_sample for e in entries]).to(device),
         )
         out = result.output_token_ids.tolist()
+        num_accepted = result.num_accepted.tolist()  # one read, not one per request
         for g, (entry, owner) in enumerate(zip(entries, owners, strict=True)):
-            accepted = int(result.num_accepted[g])
+            accepted = num_accepted[g]
             if isinstance(owner, int):
                 prefill_tokens[owner] = out[g][0]
                 continue
@@ -160,3 +199,23 @@ def _decode_entry(seq, proposal: Proposal, i: int, logits, row: int, j: int, f: 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
     u = torch.zeros(1) if seq.params.greedy else torch.rand(1, generator=seq.generator)
     return _Entry([], rows, None, torch.zeros(0), u, seq.params, True)
+
+
+@dataclass(slots=True)
+class FrontierItem:
+    """One request's frontier in `Verifier.verify_items`."""
+
+    seq: SpecRequest
+    draft: list[int]  # its draft tokens so far (at most k_i), through this frontier's checks
+    q: torch.Tensor | None  # [len(draft), vocab] draft distribution of a sampled request
+    start: int  # seq.num_cached when the step began
+    offset: int  # the frontier feeds x[offset : offset + size]
+    size: int
+    uniforms: tuple[torch.Tensor, torch.Tensor]  # accept [checked tokens], sample [1]
+    verdict: Verdict
+
+
+def frontier_checks(num_drafts: int, offset: int, size: int) -> int:
+    """Draft tokens a frontier checks (its last row is the bonus when it reaches the end)."""
+    n_inputs = min(size, num_drafts + 1 - offset)
+    return n_inputs - int(offset + n_inputs == num_drafts + 1)

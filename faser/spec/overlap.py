@@ -1,0 +1,266 @@
+"""The overlapped step (mode `overlap`): the draft and the target run at once on two lanes.
+
+The step is a software pipeline of ticks. In each tick the target lane runs one forward (the next
+frontier of every request whose drafts exist, with the prefill chunks riding the first one) while
+the draft lane drafts ahead; the lanes meet at the end of the tick, where the next tick is planned
+from what both produced. So:
+
+- pre-verify: a request's frontier is verified as soon as its drafts exist, while the draft
+  drafts the positions of its next frontier;
+- post-verify: a request whose k_i drafts exist keeps drafting past k_i, as if all will be
+  accepted; when they are and the bonus token equals the draft's own guess for that position, the
+  drafts past it are the next step's, already made (the "carry");
+- a request whose verification ended (a rejection, or the last frontier) starts drafting its next
+  step at once from its committed tokens, while the target verifies the others.
+
+Step latency tends to max(draft, verify) per tick instead of their sum.
+
+Lossless and reproducible: verification is the verifier's own (each request's frontiers in
+order, rejection sampling on the draft distribution each token was drawn from); a carried draft
+is used only when its context equals the committed tokens, and it was drawn from the draft's
+distribution for exactly that context. Every tick's work is decided at the meeting point, never by
+which lane finishes first, so the forwards' batches are the same on every run; a request's random
+generator is drawn by the draft lane during ticks (its draft tokens) and by the main thread between
+ticks (its verification uniforms), never by both at once, so a seed gives the same output.
+
+KV: the draft lane writes the draft cache past the verified tokens only into slots reserved
+through `reserve` (free blocks only: never preempting); the engine's rollback to
+num_tokens - 1 keeps the draft cache's committed prefix, and a carry's tokens are fed again, all
+in one chunk, in the next step's first draft forward."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from faser.runner.lanes import Lanes
+from faser.spec.proposer import Proposal, Proposer
+from faser.spec.request import SpecRequest
+from faser.spec.verifier import FrontierItem, Verdict, Verifier, frontier_checks
+
+Reserve = Callable[[SpecRequest, int], bool]
+
+
+@dataclass(slots=True)
+class DraftLine:
+    """Draft tokens that continue `base` (committed tokens, then none, or all assumed)."""
+
+    base: list[int]
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # q rows [target_vocab]
+    confidences: list[float] = field(default_factory=list)
+    survival: float = 1.0  # the product of the confidences
+    stopped: bool = False  # the survival fell below the stop threshold: drafting ends here
+
+    def context(self) -> list[int]:
+        return self.base + self.tokens
+
+    def append(self, token: int, q: torch.Tensor | None, confidence: float, stop) -> None:
+        self.tokens.append(token)
+        self.probs.append(q)
+        self.confidences.append(confidence)
+        self.survival *= confidence
+        self.stopped = stop is not None and self.survival < stop
+
+    def rebase(self, committed: list[int], stop: float | None) -> DraftLine:
+        """The line once `committed` is appended to the base: the drafts past it when it is the
+        line's own beginning (post-verify work kept), else an empty line."""
+        n = len(committed)
+        line = DraftLine(self.base + committed)
+        if self.tokens[:n] == committed:
+            for token, q, c in zip(self.tokens[n:], self.probs[n:], self.confidences[n:],
+                                   strict=True):
+                line.append(token, q, c, stop)
+                if line.stopped:
+                    break
+        return line
+
+
+@dataclass(slots=True)
+class _Request:
+    seq: SpecRequest
+    k: int  # drafts to verify; shrinks when the draft's confidence stops the line first
+    lookahead: int  # drafts worth making for the next step (the request's max_k)
+    line: DraftLine
+    start: int  # seq.num_cached when the step began
+    verdict: Verdict = field(default_factory=Verdict)
+    offset: int = 0  # the next frontier feeds x[offset : offset + size]
+    drafted: list[int] = field(default_factory=list)  # the drafts it was verified against
+    drafted_probs: list[torch.Tensor | None] = field(default_factory=list)
+    drafted_confidences: list[float] = field(default_factory=list)
+
+    def ready(self, size: int) -> bool:
+        return not self.verdict.done and len(self.line.tokens) >= min(self.offset + size, self.k)
+
+
+@dataclass(slots=True)
+class OverlapStats:
+    steps: int = 0
+    ticks: int = 0
+    draft_forwards: int = 0
+    exposed_draft_forwards: int = 0  # in ticks where the target had nothing to do
+    target_forwards: int = 0
+    carried_tokens: int = 0  # drafts made in an earlier step and verified in this one
+
+
+class OverlapStep:
+    def __init__(self, proposer: Proposer, verifier: Verifier, lanes: Lanes) -> None:
+        self.proposer, self.verifier, self.lanes = proposer, verifier, lanes
+        self.block_size = proposer.runner.block_size
+        self.carries: dict[str, DraftLine] = {}
+        self.stats = OverlapStats()
+
+    def forget(self) -> None:
+        """Drops the carries (a step ran without overlap; they could not match anyway)."""
+        self.carries.clear()
+
+    def run(
+        self,
+        decodes: list[SpecRequest],
+        prefills: list[tuple[SpecRequest, int]],
+        max_k: list[int],
+        frontier_size: int | None,
+        stop: float | None,
+        reserve: Reserve,
+    ) -> tuple[Proposal, list[Verdict], list[int | None]]:
+        reqs = [self._request(seq, k, stop) for seq, k in zip(decodes, max_k, strict=True)]
+        size = max(1, frontier_size) if frontier_size else max(max_k, default=0) + 1
+        prefill_tokens: list[int | None] = [None] * len(prefills)
+        riders = list(prefills)
+        while riders or any(not r.verdict.done for r in reqs):
+            items = [self._item(r, size) for r in reqs if r.ready(size)]
+            target_busy = bool(items or riders)
+            plan = self._draft_plan(reqs, size, target_busy, reserve)
+            if not target_busy and not plan:
+                raise RuntimeError("overlapped step stalled: nothing to verify or draft")
+            self._tick(items, riders, prefill_tokens, plan, stop)
+            riders = []
+            self._settle(reqs, items, size, stop)
+        self.carries = {r.seq.request_id: r.line for r in reqs if r.line.tokens}
+        self.stats.steps += 1
+        return self._proposal(reqs), [r.verdict for r in reqs], prefill_tokens
+
+    # -- planning, at the meeting point -----------------------------------------------------
+
+    def _request(self, seq: SpecRequest, k: int, stop: float | None) -> _Request:
+        carry = self.carries.get(seq.request_id)
+        line = DraftLine(list(seq.token_ids))
+        if k > 0 and carry is not None and carry.base == line.base:
+            line = carry
+            self.stats.carried_tokens += min(k, len(carry.tokens))
+        if line.stopped:
+            k = min(k, len(line.tokens))
+        return _Request(seq, k, seq.spec_state.max_k if k > 0 else 0, line, seq.num_cached)
+
+    def _item(self, r: _Request, size: int) -> FrontierItem:
+        draft = r.line.tokens[: r.k]
+        checks = frontier_checks(len(draft), r.offset, size)
+        q = None
+        if not r.seq.params.greedy:
+            q = torch.stack(r.line.probs[: len(draft)]) if draft else None
+            u = torch.rand(checks + 1, generator=r.seq.generator)
+        else:
+            u = torch.zeros(checks + 1)
+        return FrontierItem(r.seq, draft, q, r.start, r.offset, size, (u[:checks], u[checks:]),
+                            r.verdict)
+
+    def _draft_plan(
+        self, reqs: list[_Request], size: int, target_busy: bool, reserve: Reserve
+    ) -> list[tuple[_Request, int]]:
+        """(request, drafts to make this tick). The drafts the next frontiers need come first;
+        past them, look-ahead (post-verify, or the next step's drafts once verified) fills the
+        tick, as many draft forwards as the target's frontier has positions."""
+        needs: list[tuple[_Request, int, int]] = []
+        for r in reqs:
+            if r.lookahead == 0 or r.line.stopped:
+                continue
+            have = len(r.line.tokens)
+            if r.verdict.done:
+                required, cap = 0, r.lookahead
+            else:
+                ahead = 2 if r.ready(size) else 1  # verified this tick: prepare the next one
+                required = max(0, min(r.offset + ahead * size, r.k) - have)
+                cap = r.k + 1 + r.lookahead
+            needs.append((r, required, max(0, cap - have)))
+        budget = size if target_busy else max((req for _, req, _ in needs), default=0)
+        plan = []
+        for r, required, room in needs:
+            want = max(required, min(budget, room))
+            want = self._reserve(r, want, reserve)
+            if want > 0:
+                plan.append((r, want))
+        return plan
+
+    def _reserve(self, r: _Request, want: int, reserve: Reserve) -> int:
+        """Drafts that fit in the request's slots, grown from free blocks only."""
+        length = len(r.line.base) + len(r.line.tokens)
+        if want == 0 or reserve(r.seq, length + want - 1):
+            return want
+        return max(0, len(r.seq.block_table) * self.block_size - length + 1)
+
+    # -- the tick: both lanes at once -------------------------------------------------------
+
+    def _tick(self, items, riders, prefill_tokens, plan, stop) -> None:
+        self.stats.ticks += 1
+        target = None
+        if items or riders:
+            target = self.lanes.target.submit(self.verifier.verify_items, items, riders,
+                                              prefill_tokens)
+            self.stats.target_forwards += 1
+        draft = self.lanes.draft.submit(self._draft, plan, stop) if plan else None
+        forwards = draft.result() if draft is not None else 0
+        if target is not None:
+            target.result()
+        self.stats.draft_forwards += forwards
+        if target is None:
+            self.stats.exposed_draft_forwards += forwards
+
+    def _draft(self, plan: list[tuple[_Request, int]], stop: float | None) -> int:
+        """Runs on the draft lane: up to `want` draft forwards per request, batched."""
+        forwards, step = 0, 0
+        while True:
+            active = [r for r, want in plan if step < want and not r.line.stopped]
+            if not active:
+                return forwards
+            contexts = [r.line.context() for r in active]
+            drafted = self.proposer.extend([r.seq for r in active], contexts)
+            for r, (token, q, confidence) in zip(active, drafted, strict=True):
+                r.line.append(token, q, confidence, stop)
+            forwards += 1
+            step += 1
+
+    def _settle(self, reqs: list[_Request], items: list[FrontierItem], size: int, stop) -> None:
+        """After a tick: advance the verified requests; rebase the finished ones on their
+        committed tokens, so that the draft lane can start their next step."""
+        verified = {id(it.seq) for it in items}
+        for r in reqs:
+            if r.line.stopped and not r.verdict.done:
+                r.k = min(r.k, len(r.line.tokens))
+            if id(r.seq) not in verified:
+                continue
+            r.offset += size
+            if r.verdict.done:
+                self._finish(r, stop)
+
+    def _finish(self, r: _Request, stop: float | None) -> None:
+        line, n = r.line, min(r.k, len(r.line.tokens))
+        r.drafted, r.drafted_probs = line.tokens[:n], line.probs[:n]
+        r.drafted_confidences = line.confidences[:n]
+        r.verdict.num_pruned = r.k + 1 - (r.seq.num_cached - r.start)
+        old = line.context()
+        r.line = line.rebase(r.verdict.token_ids, stop)
+        # the draft cache holds old[:num_draft_cached]; keep only what the new line shares
+        new = r.line.context()
+        same = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
+                    min(len(old), len(new)))
+        r.seq.num_draft_cached = min(r.seq.num_draft_cached, same)
+
+    @staticmethod
+    def _proposal(reqs: list[_Request]) -> Proposal:
+        probs = [
+            torch.stack(r.drafted_probs) if r.drafted and r.drafted_probs[0] is not None else None
+            for r in reqs
+        ]
+        return Proposal([r.drafted for r in reqs], probs, [r.drafted_confidences for r in reqs])

@@ -1,0 +1,137 @@
+"""The overlapped step (draft and target at once on two lanes) is lossless, keeps the sampling
+distribution, is reproducible per seed, and reuses post-verify drafts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from faser import LLM, SamplingParams, SpecConfig
+from faser.runner.lanes import Lane, make_lanes
+from tests.engine.test_sampling_distribution import (  # noqa: F401  (a fixture)
+    NUM_SAMPLES,
+    PARAMS,
+    PROMPT,
+    VOCAB,
+    chi_square_rejects,
+    exact_marginals,
+    small_vocab_pair,
+)
+
+PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [60] * 17]
+MAX_TOKENS = 24
+GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+
+def overlapped(target, draft, policy, frontier=None, **kwargs) -> LLM:
+    llm = LLM(str(target), draft_model=str(draft),
+              spec=SpecConfig(policy=policy, frontier_size=frontier), lane_threads=(1, 1),
+              num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs)
+    llm.engine.speculator.force_overlap = True
+    return llm
+
+
+@pytest.mark.parametrize("shape", ["gqa_tied", "mha_untied"])
+@pytest.mark.parametrize("policy,frontier", [
+    ("fixed:3", None), ("fixed:4", 2), ("fixed:6", 1), ("heuristic", None), ("dsd", 2),
+])
+def test_overlap_matches_hf_generate(tiny_models, hf_greedy, shape, policy, frontier):
+    llm = overlapped(tiny_models[shape], tiny_models[f"{shape}_draft"], policy, frontier)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy(shape, prompt, MAX_TOKENS)
+    assert llm.engine.speculator.overlap.stats.steps > 0
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+
+
+def test_faser_overlaps_at_low_load_and_stays_lossless(tiny_models, hf_greedy):
+    """No hook: the faser policy's own overlap mode takes the overlapped step."""
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=SpecConfig(policy="faser"), lane_threads=(1, 1), num_kv_blocks=96,
+              block_size=4)
+    outputs = llm.generate(PROMPTS[:1], GREEDY)
+    assert outputs[0].token_ids == hf_greedy("gqa_tied", PROMPTS[0], MAX_TOKENS)
+    speculator = llm.engine.speculator
+    assert speculator.policy("faser").controller.steps_in_mode["overlap"] > 0
+    assert speculator.overlap.stats.steps > 0
+
+
+def test_overlap_with_chunked_prefill_and_preemption(tiny_models, hf_greedy):
+    llm = overlapped(tiny_models["mha_untied"], tiny_models["mha_untied_draft"], "fixed:3", 2,
+                     num_kv_blocks=24, max_num_batched_tokens=8, max_num_seqs=4)
+    outputs = llm.generate(PROMPTS, GREEDY)
+    assert llm.engine.scheduler.num_preemptions > 0
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("mha_untied", prompt, MAX_TOKENS)
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+
+
+def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
+    """A draft identical to the target: every draft is accepted, and the drafts made while the
+    target verified become the next step's, so the draft almost never runs alone."""
+    target = tiny_models["gqa_tied"]
+    llm = overlapped(target, target, "fixed:4")
+    outputs = llm.generate(PROMPTS, GREEDY)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+    stats, overlap = llm.engine.stats, llm.engine.speculator.overlap.stats
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
+    assert overlap.carried_tokens >= 0.6 * stats.num_draft_tokens
+    # sequentially the draft runs k = 4 forwards per step before the target; here, only the
+    # first step's (and a few after a mismatch) are not hidden behind a verification
+    assert overlap.exposed_draft_forwards <= 4 + overlap.steps // 2
+    assert overlap.exposed_draft_forwards < 0.25 * 4 * overlap.steps
+
+
+@pytest.mark.parametrize("policy,frontier", [("fixed:2", None), ("fixed:3", 1)])
+def test_overlap_keeps_the_sampling_distribution(small_vocab_pair, policy, frontier):  # noqa: F811
+    target, draft = small_vocab_pair
+    llm = overlapped(target, draft, policy, frontier, num_kv_blocks=4096, max_num_seqs=128,
+                     max_num_batched_tokens=1024)
+    params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
+              for i in range(NUM_SAMPLES)]
+    outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
+    p2, p3 = exact_marginals(target)
+    for position, expected in ((1, p2), (2, p3)):
+        counts = torch.bincount(torch.tensor([o.token_ids[position] for o in outputs]),
+                                minlength=VOCAB).float()
+        rejected, stat = chi_square_rejects(counts, expected)
+        assert not rejected, f"token {position + 1}: chi-square {stat:.1f}"
+    stats = llm.engine.stats
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    if frontier is not None:  # a request rejected early drafted its next step during the step
+        assert llm.engine.speculator.overlap.stats.carried_tokens > 0
+
+
+def test_overlap_same_seed_same_output(small_vocab_pair):  # noqa: F811
+    target, draft = small_vocab_pair
+    params = SamplingParams(max_tokens=16, seed=7, ignore_eos=True, **PARAMS)
+    runs = [overlapped(target, draft, "fixed:3", 2).generate([PROMPT, [4, 5]], params)
+            for _ in range(2)]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+
+
+def test_lane_has_its_own_thread_count():
+    main = torch.get_num_threads()
+    lane = Lane("t", num_threads=1)
+    assert lane.submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == main
+    lane.close()
+
+
+def test_lanes_run_at_once():
+    """Each lane waits for the other inside its task: only concurrent lanes get through."""
+    lanes = make_lanes("cpu", (1, 1))
+    meet = threading.Barrier(2, timeout=10)
+    futures = [lanes.target.submit(meet.wait), lanes.draft.submit(meet.wait)]
+    assert sorted(f.result() for f in futures) == [0, 1]
+    lanes.close()
+
+
+def test_lane_threads_are_checked():
+    with pytest.raises(ValueError, match="lane_threads"):
+        make_lanes("cpu", (1, 0))
+    with pytest.raises(ValueError, match="lane_threads"):
+        Lane("t", num_threads=0)
