@@ -50,7 +50,9 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")
-        draft = load_model(draft_dir, config.device, config.dtype, max_position)
+        draft = load_model(
+            draft_dir, config.device, config.dtype, max_position, target.embed_tokens
+        )
         pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
@@ -62,14 +64,23 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
 
 
 def check_vocab(target: nn.Module, draft: nn.Module, token_map: torch.Tensor | None) -> None:
+    """The draft reads target ids, so its input vocabulary is the target's; its output rows are
+    the target's vocabulary, or the target ids listed in its token map."""
     target_vocab = target.config.vocab_size
-    if token_map is None and draft.config.vocab_size != target_vocab:
+    if draft.config.vocab_size != target_vocab:
         raise ValueError(
             f"draft_model vocabulary ({draft.config.vocab_size}) does not match the target's "
             f"({target_vocab})"
         )
+    output_vocab = draft.lm_head.out_features
+    if token_map is None and output_vocab != target_vocab:
+        raise ValueError(
+            f"draft_model predicts {output_vocab} tokens but has no {DRAFT_TOKEN_MAP} naming them"
+        )
     if token_map is not None and (
-        token_map.numel() != draft.config.vocab_size or int(token_map.max()) >= target_vocab
+        token_map.numel() != output_vocab
+        or int(token_map.min()) < 0
+        or int(token_map.max()) >= target_vocab
     ):
         raise ValueError("draft_model token map does not fit the target's vocabulary")
 

@@ -90,7 +90,9 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg, max_position)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        # a draft may predict only the target's most frequent tokens while reading all of them
+        output_vocab_size = getattr(cfg, "faser_output_vocab_size", None) or cfg.vocab_size
+        self.lm_head = nn.Linear(cfg.hidden_size, output_vocab_size, bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -115,5 +117,5 @@ class LlamaForCausalLM(nn.Module):
             hidden = layer(rope, hidden, kv_cache, meta)
         return self.norm(hidden)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab]
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, out vocab]
         return self.lm_head(hidden).float()

@@ -14,6 +14,12 @@ from torch import nn
 from faser.models.registry import model_class
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# config.json fields of the project's drafts (faser.distill): the number of output rows when it
+# is smaller than the input vocabulary, and whether the input embedding is the target's own (not
+# stored with the draft, lent by the target at load time)
+OUTPUT_VOCAB_KEY = "faser_output_vocab_size"
+TIE_TO_TARGET_KEY = "faser_tie_embedding_to_target"
+DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
 
 
 def load_hf_config(path: str | Path):
@@ -25,18 +31,48 @@ def load_hf_config(path: str | Path):
     return AutoConfig.from_pretrained(path)
 
 
-def load_model(path: str | Path, device: str, dtype: str, max_position: int) -> nn.Module:
+def load_model(
+    path: str | Path,
+    device: str,
+    dtype: str,
+    max_position: int,
+    target_embedding: nn.Embedding | None = None,
+) -> nn.Module:
+    """target_embedding: the target's input embedding (on `device`, in `dtype`), lent to a draft
+    whose config sets faser_tie_embedding_to_target; ignored for any other model."""
     cfg = load_hf_config(path)
     model_cls = model_class(cfg)
     with torch.device("meta"):
         model = model_cls(cfg, max_position)
+    borrowed = _borrowed_embedding(cfg, path, target_embedding)
+    if borrowed is not None:
+        model.embed_tokens = None  # not in the checkpoint: never allocated, never loaded
     # built on the meta device: no time spent on random init of weights about to be overwritten
     model = model.to_empty(device="cpu")
     model.rotary.reset_tables()
     _load_weights(model, Path(path))
     if model.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    return model.to(device=device, dtype=DTYPES[dtype]).eval()
+    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
+    if borrowed is not None:
+        model.embed_tokens = borrowed
+    return model
+
+
+def _borrowed_embedding(cfg, path, target_embedding: nn.Embedding | None) -> nn.Embedding | None:
+    if not getattr(cfg, TIE_TO_TARGET_KEY, False):
+        return None
+    if target_embedding is None:
+        raise ValueError(
+            f"model {str(path)!r} sets {TIE_TO_TARGET_KEY}: it is a draft that reads its "
+            "target's embedding; load it as the draft_model of that target"
+        )
+    if tuple(target_embedding.weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(
+            f"draft_model {str(path)!r} expects a [{cfg.vocab_size}, {cfg.hidden_size}] target "
+            f"embedding, the target has {list(target_embedding.weight.shape)}"
+        )
+    return target_embedding
 
 
 def _checkpoint_tensors(path: Path):
@@ -44,7 +80,7 @@ def _checkpoint_tensors(path: Path):
     files = (
         sorted({path / f for f in json.loads(index.read_text())["weight_map"].values()})
         if index.exists()
-        else sorted(path.glob("*.safetensors"))
+        else sorted(p for p in path.glob("*.safetensors") if p.name != DRAFT_TOKEN_MAP)
     )
     if not files:
         raise ValueError(f"model path {str(path)!r} has no .safetensors weights")
