@@ -1,0 +1,107 @@
+"""The target's own answers to the built-in prompts, generated with the engine's batched decoding.
+
+Records go to a JSON-lines file one chunk at a time, so an interrupted run keeps what it made and
+a rerun resumes where it stopped. Every fourth prompt is answered by sampling (temperature 0.8,
+seeded) instead of greedily, so the draft also sees states off the target's greedy path. A second
+stage asks the target to summarise, extract from and rewrite its own earlier answers."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from faser.distill.data import Prompt, build_prompts, passage_prompts
+
+SAMPLED_EVERY = 4
+SAMPLED_TEMPERATURE = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationConfig:
+    target: str
+    num_prompts: int = 512
+    max_tokens: int = 192
+    chunk_size: int = 16
+    time_budget_s: float = 1200.0
+    passage_share: float = 0.2  # of the time budget, for the passage stage
+    num_threads: int = 2
+    seed: int = 0
+
+
+def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
+    """Fills `path` (JSON lines) with {stage, category, sampled, prompt_ids, response_ids}."""
+    from faser import LLM
+
+    llm = LLM(config.target, num_threads=config.num_threads, max_num_seqs=config.chunk_size)
+    deadline = time.monotonic() + config.time_budget_s
+    stage_one_end = deadline - config.passage_share * config.time_budget_s
+    _run_stage(llm, build_prompts(config.num_prompts, config.seed), 1, config, path, stage_one_end)
+    passages = [
+        llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True)
+        for r in read_records(path)
+        if r["stage"] == 1 and not r["sampled"] and len(r["response_ids"]) >= 96
+    ]
+    _run_stage(llm, passage_prompts(passages, config.seed), 2, config, path, deadline)
+    return read_records(path)
+
+
+def read_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _run_stage(
+    llm, prompts: list[Prompt], stage: int, config: GenerationConfig, path: Path, deadline: float
+) -> None:
+    start = sum(1 for r in read_records(path) if r["stage"] == stage)
+    bar = tqdm(total=len(prompts), initial=start, desc=f"distill: target answers (stage {stage})")
+    for first in range(start, len(prompts), config.chunk_size):
+        if time.monotonic() >= deadline:
+            break
+        chunk = prompts[first : first + config.chunk_size]
+        records = _generate_chunk(llm, chunk, first, stage, config)
+        with path.open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        bar.update(len(chunk))
+        bar.set_postfix(tokens=sum(len(r["response_ids"]) for r in read_records(path)))
+    bar.close()
+
+
+def _generate_chunk(
+    llm, chunk: list[Prompt], first: int, stage: int, config: GenerationConfig
+) -> list[dict]:
+    ids = [_chat_ids(llm.tokenizer, p.text) for p in chunk]
+    params = [_params(first + i, stage, config) for i in range(len(chunk))]
+    outputs = llm.generate(ids, params)
+    return [
+        {
+            "stage": stage,
+            "category": p.category,
+            "sampled": not sp.greedy,
+            "prompt_ids": prompt_ids,
+            "response_ids": out.token_ids,
+        }
+        for p, sp, prompt_ids, out in zip(chunk, params, ids, outputs, strict=True)
+    ]
+
+
+def _params(index: int, stage: int, config: GenerationConfig):
+    from faser import SamplingParams
+
+    if index % SAMPLED_EVERY == SAMPLED_EVERY - 1:
+        seed = config.seed * 1_000_003 + stage * 100_000 + index
+        return SamplingParams(
+            max_tokens=config.max_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed
+        )
+    return SamplingParams(max_tokens=config.max_tokens, temperature=0.0)
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    chat = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.encode(chat, add_special_tokens=False)

@@ -1,0 +1,97 @@
+"""`faser distill`: prompts -> the target's answers -> its top-k labels -> a trained draft.
+
+Everything lands under --out: the draft (engine format, see faser.distill.model) and, in
+_work/, the answers and labels, so a rerun resumes and an interrupted one still leaves the best
+draft exported so far."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from faser.distill.generate import GenerationConfig, generate_data
+from faser.distill.model import build_draft, export_draft
+from faser.distill.teacher import teacher_labels
+from faser.distill.train import TrainConfig, select_token_map, train_draft
+
+HELD_OUT_EVERY = 10  # every 10th greedy answer is kept out of training, to measure agreement
+
+
+@dataclass(frozen=True, slots=True)
+class DistillConfig:
+    target: str
+    out: Path
+    generation: GenerationConfig
+    train: TrainConfig = field(default_factory=TrainConfig)
+    layer_ids: tuple[int, ...] = (0, 1)
+    output_vocab: int = 8192
+    top_k: int = 32
+    num_threads: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.layer_ids:
+            raise ValueError("layer_ids must name at least one target layer")
+        if self.output_vocab < 2 or self.top_k < 1:
+            raise ValueError("output_vocab must be >= 2 and top_k >= 1")
+
+
+def distill(config: DistillConfig) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    from faser.models.resolver import resolve_model
+
+    torch.set_num_threads(config.num_threads)
+    torch.set_flush_denormal(True)  # denormal activations slow CPU matmuls many times over
+    started = time.monotonic()
+    work = config.out / "_work"
+    work.mkdir(parents=True, exist_ok=True)
+    records = generate_data(config.generation, work / "answers.jsonl")
+    generation_s = time.monotonic() - started
+    target_dir = resolve_model(config.target)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    if max(config.layer_ids) >= target.config.num_hidden_layers:
+        raise ValueError(f"layer_ids: the target has {target.config.num_hidden_layers} layers")
+    labels = teacher_labels(target, records, config.top_k, work / f"top{config.top_k}.pt")
+    held = [i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY]
+    train_set = [x for i, x in enumerate(labels) if i not in set(held)]
+    eos = {int(t) for t in [target.config.eos_token_id] if t is not None}
+    token_map = select_token_map(train_set, config.output_vocab, target.config.vocab_size, eos)
+    draft = build_draft(target, list(config.layer_ids), token_map)
+    del target
+    provenance = _provenance(config, records, generation_s)
+
+    def export(summary: dict) -> None:
+        info = {**provenance, "training": summary, "elapsed_s": time.monotonic() - started}
+        export_draft(draft, token_map, config.out, info)
+
+    summary = train_draft(
+        draft, train_set, [labels[i] for i in held], token_map, config.train, export
+    )
+    tqdm.write(f"distill: draft written to {config.out} in {time.monotonic() - started:.0f} s")
+    return summary
+
+
+def _provenance(config: DistillConfig, records: list[dict], generation_s: float) -> dict:
+    categories: dict[str, int] = {}
+    for r in records:
+        categories[r["category"]] = categories.get(r["category"], 0) + len(r["response_ids"])
+    return {
+        "command": "faser distill",
+        "config": {
+            "target": config.target,
+            "generation": asdict(config.generation),
+            "train": asdict(config.train),
+            "layer_ids": list(config.layer_ids),
+            "output_vocab": config.output_vocab,
+            "top_k": config.top_k,
+        },
+        "num_answers": len(records),
+        "num_sampled_answers": sum(r["sampled"] for r in records),
+        "num_answer_tokens": sum(len(r["response_ids"]) for r in records),
+        "answer_tokens_by_category": categories,
+        "generation_s": generation_s,
+    }
