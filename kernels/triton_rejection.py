@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from faser_kernels.rejection import RejectionOutput
 
 
