@@ -38,7 +38,7 @@ def build_app(args: AppArgs | dict[str, Any] | None = None) -> Application:
         max_ongoing_requests=INGRESS_MAX_ONGOING,
         ray_actor_options={"num_cpus": 0},
     )
-    engine_app = engine.bind(args.engine_config(), args.target_load, args.served_model_name)
+    engine_app = engine.bind(args.model_dump())
     return ingress.bind(engine_app, args.retry_after_s)
 
 

@@ -13,16 +13,17 @@ from typing import Any
 import torch
 from ray import serve
 
+from deployments.args import AppArgs
 from deployments.routing_policy import load_from_stats, replica_score
 from deployments.serving import GenerateRequest, OpenAIServing, StreamEvent
-from faser.config import EngineConfig
 from faser.engine.async_engine import AsyncLLMEngine
 
 
 class FaserEngine:
-    def __init__(
-        self, config: EngineConfig, target_load: float = 0.7, served_model_name: str | None = None
-    ) -> None:
+    def __init__(self, args: dict[str, Any]) -> None:
+        # plain arguments cross to the replica, which builds its own frozen EngineConfig
+        app_args = AppArgs.model_validate(args)
+        config = app_args.engine_config()
         if config.num_threads is not None:
             torch.set_num_threads(config.num_threads)
         from faser.engine.llm_engine import LLMEngine  # the heavy import only on replicas
@@ -30,8 +31,8 @@ class FaserEngine:
         engine = LLMEngine(config)
         self.engine = engine
         self.async_engine = AsyncLLMEngine(engine)
-        self.target_load = target_load
-        self.served_model_name = served_model_name or engine.model_name
+        self.target_load = app_args.target_load
+        self.served_model_name = app_args.served_model_name or engine.model_name
         self.capacity = config.max_num_seqs
         self.replica_id = _replica_id()
         self.serving = OpenAIServing(

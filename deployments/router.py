@@ -16,7 +16,6 @@ from ray.serve.request_router import (
     FIFOMixin,
     PendingRequest,
     ReplicaID,
-    ReplicaResult,
     RequestRouter,
     RunningReplica,
 )
@@ -29,7 +28,6 @@ CLUSTER_LOAD_KWARG = "cluster_load"
 class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._inflight: dict[ReplicaID, int] = defaultdict(int)
-        self._inflight_requests: dict[str, ReplicaID] = {}
 
     async def choose_replicas(
         self,
@@ -47,22 +45,24 @@ class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
                 pending_request.kwargs[CLUSTER_LOAD_KWARG] = cluster_load(self._all_loads(loads))
         return [[by_id[i] for i in rank] for rank in rank_replicas(loads)]
 
-    def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result: ReplicaResult
-    ) -> None:
-        request_id = pending_request.metadata.internal_request_id
-        self._inflight_requests[request_id] = replica_id
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        super().on_send_request(replica_id)
         self._inflight[replica_id] += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
-        if self._inflight_requests.pop(internal_request_id, None) is not None:
-            self._inflight[replica_id] = max(0, self._inflight[replica_id] - 1)
+        # called once per sent request (also when the replica rejected it)
+        self._inflight[replica_id] = max(0, self._inflight[replica_id] - 1)
+
+    def _num_inflight(self, replica_id: ReplicaID) -> int:
+        # Ray's queue-length cache also sees other routers' traffic when it probes
+        cached = self.replica_queue_len_cache.get(replica_id) or 0
+        return max(self._inflight.get(replica_id, 0), cached)
 
     def _load(self, replica: RunningReplica) -> ReplicaLoad:
         return load_from_stats(
             replica.replica_id.unique_id,
             replica.max_ongoing_requests,
-            self._inflight.get(replica.replica_id, 0),
+            self._num_inflight(replica.replica_id),
             replica.routing_stats or {},
         )
 

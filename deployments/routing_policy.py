@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 KV_WEIGHT = 0.5  # a full KV cache counts as half a replica's worth of requests
-TIE_TOLERANCE = 1e-9
+RANK_TOLERANCE = 0.1  # scores this close (a tenth of a replica) count as equally loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,19 +55,21 @@ def replica_score(load: ReplicaLoad) -> float:
     return load.num_requests / load.capacity + KV_WEIGHT * min(max(load.kv_usage, 0.0), 1.0)
 
 
-def rank_replicas(loads: Sequence[ReplicaLoad]) -> list[list[str]]:
-    """Replica ids grouped by score, least loaded first; equal scores share a rank (Ray then
-    picks among them by queue length). Ties within a group prefer higher acceptance."""
+def rank_replicas(
+    loads: Sequence[ReplicaLoad], tolerance: float = RANK_TOLERANCE
+) -> list[list[str]]:
+    """Replica ids in ranks, least loaded first. Replicas within `tolerance` of a rank's best
+    score share it, and Ray picks among them by its exact, per-send queue lengths: concurrent
+    routing decisions all see the same (periodic) figures, so a fine-grained order from them
+    would send a burst to one replica. Within a rank, higher acceptance comes first."""
     ordered = sorted(loads, key=lambda r: (replica_score(r), -r.alpha, r.replica_id))
-    ranks: list[list[str]] = []
-    last_score = None
+    ranks: list[list[ReplicaLoad]] = []
     for load in ordered:
-        score = replica_score(load)
-        if last_score is None or score - last_score > TIE_TOLERANCE:
-            ranks.append([])
-            last_score = score
-        ranks[-1].append(load.replica_id)
-    return ranks
+        if ranks and replica_score(load) - replica_score(ranks[-1][0]) <= tolerance:
+            ranks[-1].append(load)
+        else:
+            ranks.append([load])
+    return [[load.replica_id for load in rank] for rank in ranks]
 
 
 def cluster_load(loads: Sequence[ReplicaLoad]) -> float:

@@ -38,6 +38,13 @@ def test_equal_scores_share_a_rank_ordered_by_acceptance():
     assert rank_replicas(loads) == [["b", "a"]]
 
 
+def test_nearly_equal_replicas_share_a_rank_so_ray_balances_a_burst_among_them():
+    loads = [load("a", num_running=2, kv_usage=0.05), load("b", num_running=2, kv_usage=0.0),
+             load("c", num_running=7)]
+    assert rank_replicas(loads) == [["b", "a"], ["c"]]
+    assert rank_replicas(loads, tolerance=0.0) == [["b"], ["a"], ["c"]]
+
+
 def test_score_is_relative_to_capacity():
     small = load("small", capacity=2, num_running=2)
     large = load("large", capacity=16, num_running=4)
