@@ -34,6 +34,9 @@ class Lane:
         torch.set_flush_denormal(True)
 
     def submit(self, fn: Callable[..., T], *args: object) -> Future[T]:
+        if self._stream is not None:
+            # work queued on the caller's stream (a sequential step's KV writes) comes first
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
         return self._pool.submit(self._run, fn, args)
 
     def _run(self, fn: Callable[..., T], args: tuple) -> T:

@@ -124,7 +124,10 @@ class OverlapStep:
         frontier_size: int | None,
         stop: float | None,
         reserve: Reserve,
+        draft_budget: int | None = None,
     ) -> tuple[Proposal, list[Verdict], list[int | None]]:
+        """`draft_budget`: draft forwards that fit in one target forward (from the cost profile),
+        which caps the look-ahead of a tick; None: as many as the frontier has positions."""
         reqs = [self._request(seq, k, stop) for seq, k in zip(decodes, max_k, strict=True)]
         size = max(1, frontier_size) if frontier_size else max(max_k, default=0) + 1
         prefill_tokens: list[int | None] = [None] * len(prefills)
@@ -132,7 +135,8 @@ class OverlapStep:
         while riders or any(not r.verdict.done for r in reqs):
             items = [self._item(r, size) for r in reqs if r.ready(size)]
             target_busy = bool(items or riders)
-            plan = self._draft_plan(reqs, size, target_busy, reserve)
+            budget = min(size, draft_budget or size) if target_busy else 0
+            plan = self._draft_plan(reqs, size, budget, reserve)
             if not target_busy and not plan:
                 raise RuntimeError("overlapped step stalled: nothing to verify or draft")
             self._tick(items, riders, prefill_tokens, plan, stop)
@@ -167,11 +171,12 @@ class OverlapStep:
                             r.verdict)
 
     def _draft_plan(
-        self, reqs: list[_Request], size: int, target_busy: bool, reserve: Reserve
+        self, reqs: list[_Request], size: int, budget: int, reserve: Reserve
     ) -> list[tuple[_Request, int]]:
         """(request, drafts to make this tick). The drafts the next frontiers need come first;
         past them, look-ahead (post-verify, or the next step's drafts once verified) fills the
-        tick, as many draft forwards as the target's frontier has positions."""
+        tick up to `budget` draft forwards (0 when the target has nothing to do: the step waits
+        on the draft alone then, so it drafts only what a frontier needs)."""
         needs: list[tuple[_Request, int, int]] = []
         for r in reqs:
             if r.lookahead == 0 or r.line.stopped:
@@ -184,7 +189,6 @@ class OverlapStep:
                 required = max(0, min(r.offset + ahead * size, r.k) - have)
                 cap = r.k + 1 + r.lookahead
             needs.append((r, required, max(0, cap - have)))
-        budget = size if target_busy else max((req for _, req, _ in needs), default=0)
         plan = []
         for r, required, room in needs:
             want = max(required, min(budget, room))

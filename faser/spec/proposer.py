@@ -89,12 +89,11 @@ class Proposer:
         params = [seq.params for seq in seqs]
         rows = self._to_target_vocab(request_probs(logits, params), float("-inf"))
         confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
-        out = []
-        for row, seq in enumerate(seqs):
-            token = self._pick(seq, rows[row])
-            q = None if seq.params.greedy else rows[row]
-            out.append((token, q, float(confidence[row, token])))
-        return out
+        tokens, confidences = self._pick_rows(seqs, rows, confidence)
+        return [
+            (token, None if seq.params.greedy else rows[row], conf)
+            for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
+        ]
 
     @staticmethod
     def _chunk(seq: SpecRequest, step: int, drafted: list[int]) -> Chunk:

@@ -102,7 +102,8 @@ class Speculator:
         )
         if self._overlaps(plans, max_k):
             proposal, verdicts, prefill_tokens = self.overlap.run(
-                decodes, prefills, max_k, frontier, self._stop_confidence(plans), reserve
+                decodes, prefills, max_k, frontier, self._stop_confidence(plans), reserve,
+                self._draft_budget(decodes, prefills, max_k, frontier),
             )
         else:
             if self.overlap is not None:
@@ -171,6 +172,16 @@ class Speculator:
         self.overlap = None
         if lanes is not None and self.proposer is not None:
             self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
+
+    def _draft_budget(self, decodes, prefills, max_k: list[int], frontier) -> int | None:
+        """Draft forwards that fit in one target forward of this step, by the cost profile
+        (only when one is measured already: a plain policy never pays for profiling)."""
+        if self._cost_model is None:
+            return None
+        size = frontier or max(max_k) + 1
+        tokens = sum(min(size, k + 1) for k in max_k) + sum(n for _, n in prefills)
+        draft_s = self._cost_model.draft_time(len(decodes))
+        return max(1, int(self._cost_model.target_time(tokens) / draft_s)) if draft_s > 0 else None
 
     def _overlaps(self, plans: dict[str, StepPlan], max_k: list[int]) -> bool:
         """Overlap when the engine has lanes, someone speculates and a plan asks for it. In

@@ -19,6 +19,7 @@ from tests.engine.test_sampling_distribution import (  # noqa: F401  (a fixture)
     exact_marginals,
     small_vocab_pair,
 )
+from tests.spec.spec_profiles import roofline
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [60] * 17]
 MAX_TOKENS = 24
@@ -47,10 +48,12 @@ def test_overlap_matches_hf_generate(tiny_models, hf_greedy, shape, policy, fron
 
 
 def test_faser_overlaps_at_low_load_and_stays_lossless(tiny_models, hf_greedy):
-    """No hook: the faser policy's own overlap mode takes the overlapped step."""
+    """No hook: the faser policy's own overlap mode takes the overlapped step. The cost profile
+    is a fixed memory-bound one (a measured one would follow this shared machine's load)."""
     llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
               spec=SpecConfig(policy="faser"), lane_threads=(1, 1), num_kv_blocks=96,
               block_size=4)
+    llm.engine.speculator._cost_model = roofline()
     outputs = llm.generate(PROMPTS[:1], GREEDY)
     assert outputs[0].token_ids == hf_greedy("gqa_tied", PROMPTS[0], MAX_TOKENS)
     speculator = llm.engine.speculator
