@@ -91,7 +91,7 @@ class Proposer:
         confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         return [
-            (token, None if seq.params.greedy else rows[row], conf)
+            (token, None if seq.params.greedy else rows[row].clone(), conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
 
