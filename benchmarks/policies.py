@@ -89,6 +89,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, help="write the records here")
     p.add_argument("--plots", default=None, help="write PNG figures into this directory")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--lane-threads", default=None,
+                   help="T,D: threads of the target and draft lanes (overlap mode on a CPU); "
+                        "default: the engine splits --threads (no lanes with one thread)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--device", default="cpu")
@@ -134,10 +137,20 @@ def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
     config = EngineConfig(
         model=args.model, draft_model=args.draft_model, spec=spec, device=args.device,
         dtype=args.dtype, weight_format=args.weight_format, num_threads=args.threads,
-        seed=args.seed, max_num_seqs=max(64, max_concurrency),
+        lane_threads=_lane_threads(args.lane_threads), seed=args.seed,
+        max_num_seqs=max(64, max_concurrency),
         max_num_batched_tokens=max(512, max_concurrency),
     )
     return LLMEngine(config)
+
+
+def _lane_threads(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    values = parse_list(text, int, "lane_threads")
+    if len(values) != 2:
+        raise ValueError(f"lane_threads: expected T,D (target and draft threads), got {text!r}")
+    return values[0], values[1]
 
 
 def build_levels(args: argparse.Namespace, prompt_ids: list[list[int]]) -> list[Level]:
@@ -260,7 +273,8 @@ def describe(args: argparse.Namespace) -> str:
         f"target {args.model or 'default (smollm2-135m-instruct)'}, "
         f"draft {args.draft_model or 'default'}, {args.device} {args.dtype} "
         f"({args.weight_format} weights), "
-        f"{args.threads} torch thread(s), greedy, seed {args.seed}",
+        f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, greedy, "
+        f"seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
         f"template), max_tokens {args.max_tokens}",
     ]
