@@ -14,6 +14,12 @@ class SpecStats:
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_pruned_positions: int = 0  # target positions never computed thanks to early pruning
+    num_slo_requests: int = 0  # finished requests that had an SLO (per request: 0 or 1)
+    num_slo_met: int = 0  # those that met every target they had
+    # engine-wide only (empty per request): [m] counts drafts whose position m was accepted,
+    # as vLLM's num_accepted_tokens_per_pos; [k] counts request-steps that proposed k drafts
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_steps_per_k: list[int] = field(default_factory=list)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -23,8 +29,22 @@ class SpecStats:
         return (self.num_accepted_tokens + self.num_steps) / self.num_steps
 
     @property
+    def slo_met(self) -> bool | None:
+        """Per request: whether it met its SLO; None without one or before it finished."""
+        return None if self.num_slo_requests == 0 else self.num_slo_met == self.num_slo_requests
+
+    @property
     def acceptance_rate(self) -> float:
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def count_step(self, k: int, num_accepted: int) -> None:
+        """Adds one request-step with `k` drafts, of which the first `num_accepted` were kept, to
+        the per-k and per-position counts (the engine's totals; lists grow with the largest k)."""
+        _grow(self.num_steps_per_k, k + 1)
+        self.num_steps_per_k[k] += 1
+        _grow(self.num_accepted_tokens_per_pos, max(k, num_accepted))
+        for position in range(num_accepted):
+            self.num_accepted_tokens_per_pos[position] += 1
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -35,6 +55,11 @@ class SpecStats:
             "num_pruned_positions": self.num_pruned_positions,
             "mean_acceptance_length": self.mean_acceptance_length,
         }
+
+
+def _grow(counts: list[int], size: int) -> None:
+    if len(counts) < size:
+        counts.extend([0] * (size - len(counts)))
 
 
 @dataclass(slots=True)

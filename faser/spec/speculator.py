@@ -210,4 +210,5 @@ class Speculator:
                 stats.num_draft_tokens += k
                 stats.num_accepted_tokens += verdict.num_accepted
                 stats.num_pruned_positions += verdict.num_pruned
+            self.stats.count_step(k, verdict.num_accepted)
             self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
