@@ -10,6 +10,7 @@ from torch import nn
 
 from faser.config import EngineConfig
 from faser.models.loader import load_hf_config, load_model
+from faser.runner.model_runner import RunnerOptions
 from faser.runner.weights import pack_weights
 
 DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
@@ -56,10 +57,24 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
+    options = runner_options(config, max_position)
+    for model in (target, draft):
+        if model is not None:
+            model.runner_options = options  # read by ModelRunner
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
         _eos_ids(hf_config, tokenizer, target_dir), target_dir, draft_dir,
+    )
+
+
+def runner_options(config: EngineConfig, max_position: int) -> RunnerOptions:
+    # a request's block table never covers more than its longest context plus its drafts
+    return RunnerOptions(
+        compile=config.compile,
+        cuda_graphs=config.cuda_graphs,
+        max_graph_batch=config.max_num_seqs,
+        max_blocks_per_seq=-(-max_position // config.block_size) + 1,
     )
 
 

@@ -15,12 +15,13 @@ def request_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.T
     if not sampled:
         return logits
     out = logits.clone()
-    rows = torch.tensor(sampled)
+    device = logits.device
+    rows = torch.tensor(sampled, device=device)
     chosen = [params[i] for i in sampled]
     out[rows] = logits_to_probs(
         logits[rows],
-        torch.tensor([p.temperature for p in chosen], dtype=logits.dtype),
-        torch.tensor([p.top_k for p in chosen]),
-        torch.tensor([p.top_p for p in chosen], dtype=logits.dtype),
+        torch.tensor([p.temperature for p in chosen], dtype=logits.dtype, device=device),
+        torch.tensor([p.top_k for p in chosen], device=device),
+        torch.tensor([p.top_p for p in chosen], dtype=logits.dtype, device=device),
     )
     return out
