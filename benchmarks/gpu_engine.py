@@ -65,8 +65,9 @@ def forward_curve(runners: dict[str, ModelRunner], points: list[int], device: st
     for n in points:
         row: dict[str, object] = {"tokens": n}
         for name, (runner, shape) in runners.items():
-            if shape == "verify" and n < VERIFY_LEN:
-                row[name] = None
+            graphs = runner.graphs
+            if (shape == "verify" and n < VERIFY_LEN) or (graphs and n > graphs.sizes[-1]):
+                row[name] = None  # no such batch / no graph that large: not a graph's time
                 continue
             chunks = decode_chunks(n) if shape == "decode" else verify_chunks(n)
             row[name] = _median_time(lambda r=runner, c=chunks: r.forward(c), device, reps) * 1e3
