@@ -98,7 +98,7 @@ def graph_parity(model: nn.Module, device: str, sizes: list[int], max_batch: int
         scale = float(want.abs().max())
         agree = float((want.argmax(-1) == got.argmax(-1)).float().mean())
         rows.append({"batch": n, "max_abs_err": err, "max_logit": scale,
-                     "argmax_agree": agree, "ok": err <= 2e-2 * max(1.0, scale)})
+                     "argmax_agree": agree, "ok": err <= 5e-2 * max(1.0, scale)})
     return rows
 
 
