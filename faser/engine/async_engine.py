@@ -98,11 +98,12 @@ class AsyncLLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         spec: dict | None = None,
+        slo: dict | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Adds the request (ValueError on bad input, raised before the first output) and yields
         its outputs until it finishes. Leaving the loop early aborts the request."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await self._call(lambda: self._add(request_id, prompt, params, spec, stream))
+        await self._call(lambda: self._add(request_id, prompt, params, spec, slo, stream))
         finished = False
         try:
             while not finished:
@@ -155,10 +156,10 @@ class AsyncLLMEngine:
         self._commands.put(command)
         self._wakeup.set()
 
-    def _add(self, request_id, prompt, params, spec, stream: _Stream) -> None:
+    def _add(self, request_id, prompt, params, spec, slo, stream: _Stream) -> None:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already running")
-        self.engine.add_request(request_id, prompt, params, spec=spec)
+        self.engine.add_request(request_id, prompt, params, spec=spec, slo=slo)
         self._streams[request_id] = stream
 
     def _abort(self, request_id: str) -> None:

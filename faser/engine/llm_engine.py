@@ -26,6 +26,7 @@ from faser.spec.cost_model import (
     load_or_profile,
     profile_key,
 )
+from faser.spec.slo import Slo, request_met
 from faser.spec.speculator import Speculator
 from faser.spec.state import SpecState
 from faser.spec.verifier import Verdict
@@ -98,13 +99,18 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams,
         spec: dict | None = None,
+        slo: dict | None = None,
     ) -> str:
+        """`slo`: {"tpot_ms": ..., "ttft_ms": ...}, the targets SLO-aware speculation keeps to
+        (the faser policies) and the request's output reports as met or not."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self._tokenize(prompt)
         self._check_lengths(prompt_ids, params)
+        state = self._spec_state(spec)
+        state.slo = Slo.parse(slo)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else torch.seed())
-        seq = Sequence(request_id, prompt_ids, params, self._spec_state(spec), generator)
+        seq = Sequence(request_id, prompt_ids, params, state, generator)
         self.scheduler.add(seq)
         return request_id
 
@@ -196,7 +202,19 @@ class LLMEngine:
         if seq.finish_reason is not None:
             seq.finish_time = _now()
             self.scheduler.finish(seq)
+            self._count_slo(seq)
         return new
+
+    def _count_slo(self, seq: Sequence) -> None:
+        met = request_met(
+            seq.spec_state.slo, seq.arrival_time, seq.first_token_time, seq.finish_time,
+            len(seq.output_token_ids),
+        )
+        if met is None:
+            return
+        for stats in (seq.stats, self.stats):
+            stats.num_slo_requests += 1
+            stats.num_slo_met += int(met)
 
     def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
         return RequestOutput(

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from faser.spec.cost_model import CostProfile
+from faser.spec.deadlines import Allowances
 
 _EPS = 1e-12
 
@@ -125,6 +126,7 @@ class KChoice:
     step_time_s: float
     goodput: float  # tokens per second
     baseline_goodput: float  # with k = 0 for everyone
+    meets_deadlines: bool = True  # False: no k vector keeps every TPOT deadline
 
     @property
     def speculates(self) -> bool:
@@ -137,6 +139,7 @@ def choose_k(
     *,
     token_budget: int | None = None,
     max_step_time_s: float | None = None,
+    tpot_deadlines_s: Sequence[float | None] | None = None,
     min_gain: float = 0.0,
 ) -> KChoice:
     """The k vector maximising predicted goodput, k_i <= len(acceptance[i]).
@@ -148,76 +151,153 @@ def choose_k(
     the first order fell up to 8 % short of the brute-force optimum on small random cases; the
     two together matched it on 1,500 of 1,500).
     k = 0 for all unless that beats no speculation by more than `min_gain` (relative).
-    `token_budget` caps sum(k); `max_step_time_s` (a TPOT target, for SLO-aware serving) skips
-    tokens that would push the step past it, the least gainful going first."""
+    `token_budget` caps sum(k); `max_step_time_s` (a TTFT limit, for SLO-aware serving) skips
+    tokens that would push the step past it, the least gainful going first.
+    `tpot_deadlines_s[i]` (seconds per committed token, None: no target) asks for a step time
+    tau <= D_i (1 + E_i(k_i)) for every request that has one (see faser/spec/slo.py): the best
+    goodput among the k vectors that keep every deadline wins; when none does, the one that
+    comes closest (the smallest worst shortfall)."""
     probs = [survival(a) for a in acceptance]
     n = len(probs)
     base_time = step_cost.total()
     baseline = n / base_time if base_time > 0 else 0.0
-    best = _Walk([], 0, baseline * (1.0 + min_gain))
-    for by_cost in (True, False):
-        walk = _greedy_walk(
-            probs, step_cost.copy(), token_budget, max_step_time_s, by_cost, best.best_goodput
-        )
-        if walk.best_len:
-            best = walk
+    allowances = Allowances(tpot_deadlines_s) if tpot_deadlines_s is not None else None
+    margin = allowances.margin(base_time) if allowances is not None else math.inf
+    best = _Walk([], 0, baseline * (1.0 + min_gain), margin >= 1.0, margin)
+    walks: list[tuple[bool, bool, bool]] = [(True, True, False), (False, True, False)]
+    if allowances is not None:  # (by cost, strict, rescue first)
+        walks += [(True, False, False), (False, False, False), (True, True, True)]
+    for by_cost, strict, rescue in walks:
+        walker = _Walker(probs, step_cost.copy(), allowances, max_step_time_s, token_budget, best)
+        if rescue:
+            walker.rescue()
+        walker.greedy(by_cost, strict)
+        if walker.best_len:
+            best = walker.result()
     ks = [0] * n
     for i, _, _ in best.order[: best.best_len]:
         ks[i] += 1
     time_s = best.order[best.best_len - 1][2] if best.best_len else base_time
     expected = [sum(p[:k]) for p, k in zip(probs, ks, strict=True)]
     goodput = (n + sum(expected)) / time_s if time_s > 0 else 0.0
-    return KChoice(ks, expected, time_s, goodput, baseline)
+    return KChoice(ks, expected, time_s, goodput, baseline, best.feasible)
 
 
 class _Walk(NamedTuple):
     order: list[tuple[int, int, float]]  # (request, position, step seconds once it is added)
-    best_len: int  # the best prefix of `order`
+    best_len: int  # the best prefix of `order`; 0: none beat the incumbent
     best_goodput: float
+    feasible: bool  # the best prefix keeps every TPOT deadline
+    margin: float  # its Allowances.margin (>= 1: every deadline kept)
 
 
-def _greedy_walk(
-    probs: list[list[float]],
-    step_cost: StepCost,
-    token_budget: int | None,
-    max_step_time_s: float | None,
-    by_cost: bool,
-    floor: float,
-) -> _Walk:
-    """Adds draft tokens in the greedy order (survival probability per marginal cost, or
-    survival probability alone) and finds the best prefix above `floor` goodput.
+class _Walker:
+    """Adds draft tokens one by one and keeps the best prefix of that order which beats the
+    incumbent: a higher goodput among prefixes that keep the TPOT deadlines, a higher margin
+    while none does."""
 
-    All candidates at the same draft position share the same marginal cost, so one heap per
-    position (by survival probability) suffices: each pick compares only the heads. Costs never
-    fall as tokens are added, so the walk stops once even all the remaining gain at today's cost
-    could not beat the best prefix."""
-    heaps: list[list[tuple[float, int]]] = []
-    for i, p in enumerate(probs):
-        if p:
-            _push(heaps, 0, p[0], i)
-    n, remaining = len(probs), sum(sum(p) for p in probs)
-    order: list[tuple[int, int, float]] = []
-    best_len, best, gained = 0, floor, 0.0
-    limit = math.inf if token_budget is None else max(0, token_budget)
-    while len(order) < limit and (n + gained + remaining) > best * step_cost.total():
-        position = _best_head(heaps, step_cost, by_cost)
-        if position is None:
-            break
-        _, i = heapq.heappop(heaps[position])
-        if max_step_time_s is not None and (
-            step_cost.total() + step_cost.marginal(position) > max_step_time_s
+    def __init__(
+        self,
+        probs: list[list[float]],
+        step_cost: StepCost,
+        allowances: Allowances | None,
+        max_step_time_s: float | None,
+        token_budget: int | None,
+        incumbent: _Walk,
+    ) -> None:
+        self.probs, self.cost, self.max_step_time_s = probs, step_cost, max_step_time_s
+        self.allowances = allowances.copy() if allowances is not None else None
+        self.limit = math.inf if token_budget is None else max(0, token_budget)
+        self.n, self.ks = len(probs), [0] * len(probs)
+        self.gained, self.remaining = 0.0, sum(sum(p) for p in probs)
+        self.order: list[tuple[int, int, float]] = []
+        self.best_len, self.feasible = 0, incumbent.feasible
+        self.best = incumbent.best_goodput if incumbent.feasible else 0.0
+        self.best_margin = 0.0 if incumbent.feasible else incumbent.margin
+
+    def result(self) -> _Walk:
+        return _Walk(self.order, self.best_len, self.best, self.feasible, self.best_margin)
+
+    def margin(self) -> float:
+        a = self.allowances
+        return a.margin(self.cost.total()) if a is not None else math.inf
+
+    def greedy(self, by_cost: bool, strict: bool) -> None:
+        """The greedy order: survival probability per marginal cost, or survival probability
+        alone. All candidates at the same draft position share the same marginal cost, so one
+        heap per position (by survival probability) suffices: each pick compares only the heads.
+        Costs never fall as tokens are added, so once a prefix keeps the deadlines the walk stops
+        when even all the remaining gain at today's cost could not beat the best prefix.
+        `strict`: a token that would break the deadlines, or narrow a margin already short, is
+        skipped with its request's later positions; so the requests that gain least are trimmed
+        and those short of their target favoured. Otherwise each prefix is only judged: one
+        request's token cannot lift the minimum over many alike, so what only everyone's
+        speculation together achieves is found that way alone."""
+        heaps: list[list[tuple[float, int]]] = []
+        for i, (p, k) in enumerate(zip(self.probs, self.ks, strict=True)):
+            if k < len(p):
+                _push(heaps, k, p[k], i)
+        while len(self.order) < self.limit and (
+            not self.feasible
+            or (self.n + self.gained + self.remaining) > self.best * self.cost.total()
         ):
-            remaining -= sum(probs[i][position:])
-            continue  # this request's later positions would cost at least as much
-        step_cost.add(position)
-        gained += probs[i][position]
-        remaining -= probs[i][position]
-        order.append((i, position, step_cost.total()))
-        if (n + gained) > best * (1.0 + 1e-9) * step_cost.total():
-            best_len, best = len(order), (n + gained) / step_cost.total()
-        if position + 1 < len(probs[i]):
-            _push(heaps, position + 1, probs[i][position + 1], i)
-    return _Walk(order, best_len, best)
+            position = _best_head(heaps, self.cost, by_cost)
+            if position is None:
+                break
+            _, i = heapq.heappop(heaps[position])
+            if not self._admits(i, position, strict):
+                self.remaining -= sum(self.probs[i][position:])
+                continue  # this request's later positions would cost at least as much
+            self._take(i, position)
+            if position + 1 < len(self.probs[i]):
+                _push(heaps, position + 1, self.probs[i][position + 1], i)
+
+    def rescue(self) -> None:
+        """While a deadline is missed, the request holding the tightest one drafts one more
+        token, as long as that raises its own margin (its extra tokens outpace the longer
+        step): the request closest to missing its target is served first."""
+        a = self.allowances
+        while a is not None and self.margin() < 1.0 and len(self.order) < self.limit:
+            j = a.tightest()
+            if j is None or self.ks[j] >= len(self.probs[j]) or not self._fits_time(self.ks[j]):
+                return
+            position = self.ks[j]
+            time_s = self.cost.total() + self.cost.marginal(position)
+            own_after = a.own_margin(j, self.probs[j][position], time_s)
+            if own_after <= a.own_margin(j, 0.0, self.cost.total()):
+                return
+            self._take(j, position)
+
+    def _fits_time(self, position: int) -> bool:
+        cap = self.max_step_time_s
+        return cap is None or self.cost.total() + self.cost.marginal(position) <= cap
+
+    def _admits(self, i: int, position: int, strict: bool) -> bool:
+        if not self._fits_time(position):
+            return False
+        if self.allowances is None or not strict:
+            return True
+        time_s = self.cost.total() + self.cost.marginal(position)
+        now = self.margin()
+        after = self.allowances.margin_if(i, self.probs[i][position], time_s)
+        return after >= 1.0 or (now < 1.0 and after > now)
+
+    def _take(self, i: int, position: int) -> None:
+        gain = self.probs[i][position]
+        self.cost.add(position)
+        if self.allowances is not None:
+            self.allowances.add(i, gain)
+        self.ks[i] += 1
+        self.gained += gain
+        self.remaining -= gain
+        self.order.append((i, position, self.cost.total()))
+        margin = self.margin()
+        goodput = (self.n + self.gained) / self.cost.total()
+        if margin >= 1.0 and (not self.feasible or goodput > self.best * (1.0 + 1e-9)):
+            self.best_len, self.best, self.feasible = len(self.order), goodput, True
+            self.best_margin = margin
+        elif not self.feasible and margin > self.best_margin:
+            self.best_len, self.best_margin = len(self.order), margin
 
 
 def _push(heaps: list[list[tuple[float, int]]], position: int, p: float, i: int) -> None:

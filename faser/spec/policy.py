@@ -21,10 +21,10 @@ from faser.spec.goodput import (
     StepCost,
     calibrate,
     choose_frontier_size,
-    choose_k,
     survival,
 )
 from faser.spec.plan import LoadView, StepPlan
+from faser.spec.slo import choose_k_for_slo
 from faser.spec.state import SpecState
 
 HEURISTIC_START_K = 4  # HF transformers starts higher (20); our caps are far lower
@@ -32,6 +32,7 @@ HEURISTIC_START_K = 4  # HF transformers starts higher (20); our caps are far lo
 
 class Policy(ABC):
     name: str = ""
+    slo_aware = False  # its plan takes the SLO's step limits (max_step_time_s, tpot_deadlines_s)
 
     def __init__(self, config: SpecConfig, cost_model: CostProfile | None = None) -> None:
         self.config = config
@@ -122,6 +123,7 @@ class FaserPolicy(Policy):
     `policy.controller.mode` and feeds `policy.controller.set_cluster_load`, never `update`."""
 
     name = "faser"
+    slo_aware = True
     allow_overlap = True
     allow_prune = True  # several frontiers with early pruning
 
@@ -149,10 +151,17 @@ class FaserPolicy(Policy):
         )
 
     def plan(
-        self, states: list[SpecState], load: LoadView, *, max_step_time_s: float | None = None
+        self,
+        states: list[SpecState],
+        load: LoadView,
+        *,
+        max_step_time_s: float | None = None,
+        tpot_deadlines_s: Sequence[float | None] | None = None,
     ) -> StepPlan:
-        """`max_step_time_s`: the tightest running TPOT target, if any (SLO-aware speculation
-        trims the requests that gain least to meet it)."""
+        """SLO-aware speculation (see faser/spec/slo.py): `max_step_time_s` caps the step (the
+        TTFT of requests whose prefill ends in it); `tpot_deadlines_s[i]` is what request i's
+        TPOT budget allows per committed token (None: no target). k is chosen for the best
+        goodput that keeps them; without them, as before."""
         alpha = sum(s.alpha for s in states) / len(states) if states else None
         mode = self.controller.update(load, alpha=alpha)
         notes: dict[str, object] = {
@@ -168,15 +177,19 @@ class FaserPolicy(Policy):
         acceptance = [[_prob(s.alpha)] * min(max(0, s.max_k), cap) for s in states]
         overlap = mode == "overlap"
         step_cost = StepCost(self.cost, len(states), load.num_prefill_tokens, overlap=overlap)
-        choice = choose_k(
-            acceptance, step_cost, token_budget=load.token_budget, max_step_time_s=max_step_time_s
+        slo = choose_k_for_slo(
+            acceptance, step_cost, token_budget=load.token_budget,
+            max_step_time_s=max_step_time_s, tpot_deadlines_s=tpot_deadlines_s,
         )
+        choice = slo.choice
         notes.update(
             expected_accepted=choice.expected_accepted,
             predicted_time_s=choice.step_time_s,
             predicted_goodput=choice.goodput,
             baseline_goodput=choice.baseline_goodput,
         )
+        if max_step_time_s is not None or tpot_deadlines_s is not None:
+            notes.update(slo.notes())
         if not choice.speculates:
             return StepPlan(max_k=choice.ks, mode="off", notes=notes)
         f = self._frontier_size(choice.ks, acceptance, load.num_prefill_tokens)
@@ -187,7 +200,8 @@ class FaserPolicy(Policy):
     ) -> list[int]:
         """Re-chooses k over the drafted tokens, now that the draft's confidences are known and
         the drafting time is spent: a_{i,t} blends q_{i,t} with alpha_i (see `calibrate`); a tail
-        whose cumulative draft confidence fell below `draft_stop_confidence` is cut outright."""
+        whose cumulative draft confidence fell below `draft_stop_confidence` is cut outright.
+        The plan's SLO limits hold here too."""
         drafted = super().trim(plan, states, confidences)
         if not any(drafted):
             return drafted
@@ -207,7 +221,11 @@ class FaserPolicy(Policy):
         )
         max_time = plan.notes.get("max_step_time_s")
         max_time = float(max_time) if isinstance(max_time, int | float) else None
-        choice = choose_k(acceptance, step_cost, max_step_time_s=max_time)
+        deadlines = plan.notes.get("slo_tpot_deadlines_s")
+        choice = choose_k_for_slo(
+            acceptance, step_cost, max_step_time_s=max_time,
+            tpot_deadlines_s=deadlines if isinstance(deadlines, list) else None,
+        ).choice
         plan.notes["trimmed_expected_accepted"] = choice.expected_accepted
         plan.notes["trimmed_time_s"] = choice.step_time_s
         return choice.ks

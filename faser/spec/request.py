@@ -21,6 +21,9 @@ class SpecRequest(Protocol):
     num_cached: int
     num_draft_cached: int
     stats: SpecStats
+    arrival_time: float  # time.perf_counter(), as the SLO clock reads
+    first_token_time: float | None
+    output_token_ids: list[int]
 
     @property
     def token_ids(self) -> list[int]: ...

@@ -21,6 +21,7 @@ from faser.spec.plan import LoadView, StepPlan
 from faser.spec.policy import Policy, make_policy
 from faser.spec.proposer import Proposal, Proposer
 from faser.spec.request import SpecRequest
+from faser.spec.slo import tpot_deadlines, ttft_step_limit
 from faser.spec.trace import DecisionTrace
 from faser.spec.verifier import Verdict, Verifier
 
@@ -95,7 +96,7 @@ class Speculator:
         reserve: Reserve,
     ) -> tuple[list[Verdict], list[int | None]]:
         start = time.perf_counter()
-        plans = self._plan(decodes, load)
+        plans = self._plan(decodes, prefills, load)
         max_k = self._fit(decodes, plans, load.token_budget, reserve)
         frontier = self.config.frontier_size or min(
             (p.frontier_size for p in plans.values() if p.frontier_size), default=None
@@ -130,12 +131,18 @@ class Speculator:
             **{k: v for k, v in notes.items() if k not in _TRACE_FIELDS},
         )
 
-    def _plan(self, decodes: list[SpecRequest], load: LoadView) -> dict[str, StepPlan]:
+    def _plan(
+        self, decodes: list[SpecRequest], prefills: list[tuple[SpecRequest, int]], load: LoadView
+    ) -> dict[str, StepPlan]:
         """One plan per policy present in the batch (requests may override the engine's)."""
+        now = time.perf_counter()
+        ttft_limit = ttft_step_limit(prefills, now)
         plans: dict[str, StepPlan] = {}
         for name in {s.spec_state.policy for s in decodes}:
-            group = [s.spec_state for s in decodes if s.spec_state.policy == name]
-            plans[name] = self.policy(name).plan(group, load)
+            group = [s for s in decodes if s.spec_state.policy == name]
+            policy = self.policy(name)
+            limits = _slo_limits(policy, group, ttft_limit, now)
+            plans[name] = policy.plan([s.spec_state for s in group], load, **limits)
         main = plans.get(self.config.policy)
         if main is not None:
             self.mode = main.mode
@@ -212,3 +219,19 @@ class Speculator:
                 stats.num_pruned_positions += verdict.num_pruned
             self.stats.count_step(k, verdict.num_accepted)
             self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
+
+
+def _slo_limits(
+    policy: Policy, group: list[SpecRequest], ttft_limit: float | None, now: float
+) -> dict[str, object]:
+    """The SLO's step limits for a policy that plans by them; none when no request has an SLO,
+    so that a step without one plans exactly as before."""
+    if not policy.slo_aware:
+        return {}
+    limits: dict[str, object] = {}
+    deadlines = tpot_deadlines(group, now)
+    if any(d is not None for d in deadlines):
+        limits["tpot_deadlines_s"] = deadlines
+    if ttft_limit is not None:
+        limits["max_step_time_s"] = ttft_limit
+    return limits

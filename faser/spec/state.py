@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from faser.spec.slo import Slo
+
 
 @dataclass(slots=True)
 class SpecState:
@@ -13,3 +15,4 @@ class SpecState:
     k: int = 0  # the current k of stateful policies (heuristic)
     last_k: int = 0
     last_num_accepted: int = 0
+    slo: Slo | None = None  # the request's TTFT / TPOT targets, if it has any
