@@ -142,6 +142,9 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
     speculation = None
     if request.speculation is not None:
         speculation = request.speculation.model_dump(exclude_none=True) or None
+    slo = None
+    if request.slo is not None:
+        slo = request.slo.model_dump(exclude_none=True) or None
     common = dict(
         temperature=request.temperature,
         top_p=request.top_p,
@@ -149,6 +152,7 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
         stop=request.stop_strings(),
         ignore_eos=request.ignore_eos,
         speculation=speculation,
+        slo=slo,
     )
     if isinstance(request, ChatCompletionRequest):
         return GenerateRequest(
@@ -170,6 +174,7 @@ def speculation_report(delta: StreamDelta, policy: str | None) -> SpeculationRep
         drafted=spec.num_draft_tokens,
         accepted=spec.num_accepted_tokens,
         mean_acceptance_length=spec.mean_acceptance_length,
+        slo_met=spec.slo_met,
     )
 
 

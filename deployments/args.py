@@ -25,6 +25,9 @@ class AppArgs(BaseModel):
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
+    # the deployment's default SLO, for requests that bring none (SLO-aware speculation)
+    slo_tpot_ms: float | None = Field(default=None, gt=0)
+    slo_ttft_ms: float | None = Field(default=None, gt=0)
 
     # engine capacity
     max_num_seqs: int = Field(default=16, ge=1)
@@ -87,6 +90,11 @@ class AppArgs(BaseModel):
     @property
     def threads_per_replica(self) -> int:
         return self.torch_threads or max(1, int(self.num_cpus))
+
+    def default_slo(self) -> dict[str, float] | None:
+        """The requests' default `slo` object; None when the deployment sets none."""
+        slo = {"tpot_ms": self.slo_tpot_ms, "ttft_ms": self.slo_ttft_ms}
+        return {k: v for k, v in slo.items() if v is not None} or None
 
     def ray_actor_options(self) -> dict[str, Any]:
         return {"num_cpus": self.num_cpus, "num_gpus": self.gpus_per_replica}

@@ -41,6 +41,7 @@ class FaserEngine:
             engine.max_model_len,
             self.replica_id,
             config.spec.policy,
+            app_args.default_slo(),
         )
 
     async def model_name(self) -> str:

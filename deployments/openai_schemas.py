@@ -29,6 +29,13 @@ class SpeculationOptions(_Request):
     max_k: int | None = Field(default=None, ge=0, le=16)
 
 
+class SloOptions(_Request):
+    """The `slo` extension: the request's targets, which SLO-aware speculation keeps to."""
+
+    tpot_ms: float | None = Field(default=None, gt=0)  # time per output token
+    ttft_ms: float | None = Field(default=None, gt=0)  # time to first token
+
+
 class StreamOptions(_Request):
     include_usage: bool = False
 
@@ -45,6 +52,7 @@ class _SamplingRequest(_Request):
     seed: int | None = None
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
+    slo: SloOptions | None = None
 
     @field_validator("stop")
     @classmethod
@@ -124,6 +132,7 @@ class SpeculationReport(BaseModel):
     accepted: int = 0
     mean_acceptance_length: float = 0.0
     mode: str | None = None
+    slo_met: bool | None = None  # whether the request met its SLO; None without one
 
 
 def _completion_id(prefix: str) -> str:

@@ -32,6 +32,7 @@ class GenerateRequest:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     speculation: dict[str, Any] | None = None  # {"policy": ..., "max_k": ...}, None values dropped
+    slo: dict[str, float] | None = None  # {"tpot_ms": ..., "ttft_ms": ...}, None values dropped
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,19 +71,24 @@ class OpenAIServing:
         max_model_len: int,
         replica: str = "",
         policy: str | None = None,
+        default_slo: dict[str, float] | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.replica = replica
         self.policy = policy
+        self.default_slo = default_slo or {}  # the deployment's; a request's own fields win
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         request_id = uuid.uuid4().hex
         try:
             prompt_ids = self.prompt_ids(request)
             params = self.sampling_params(request, len(prompt_ids))
-            outputs = self.engine.generate(request_id, prompt_ids, params, request.speculation)
+            slo = {**self.default_slo, **(request.slo or {})} or None
+            outputs = self.engine.generate(
+                request_id, prompt_ids, params, request.speculation, slo
+            )
             first = await anext(outputs)
         except BadRequest as exc:
             yield RequestError(400, str(exc), exc.param)
