@@ -58,8 +58,10 @@ def _replicas(args: AppArgs) -> dict[str, Any]:
     autoscaling = AutoscalingConfig(
         min_replicas=args.min_replicas,
         max_replicas=args.max_replicas,
-        upscale_delay_s=5.0,
-        downscale_delay_s=60.0,
+        upscale_delay_s=args.upscale_delay_s,
+        downscale_delay_s=args.downscale_delay_s,
+        look_back_period_s=args.look_back_period_s,
+        metrics_interval_s=args.metrics_interval_s,
         policy=AutoscalingPolicy(policy_function=faser_autoscaling_policy),
     )
     return {"autoscaling_config": autoscaling}

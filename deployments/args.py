@@ -22,6 +22,7 @@ class AppArgs(BaseModel):
     served_model_name: str | None = None  # None: the engine's own name for the model
     policy: str = "faser"
     max_k: int = Field(default=4, ge=0, le=16)
+    frontier_size: int | None = Field(default=None, ge=1)  # None: the policy's choice per step
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
@@ -42,6 +43,13 @@ class AppArgs(BaseModel):
     min_replicas: int = Field(default=1, ge=1)
     max_replicas: int = Field(default=4, ge=1)
     target_load: float = Field(default=0.7, gt=0, le=4.0)  # autoscaling: busy fraction to aim at
+    # autoscaling pace (Ray's AutoscalingConfig names): how long a decision must hold, how far
+    # back the replicas' load is averaged and how often replicas report it (Ray 2.60 still
+    # reads metrics_interval_s, though it warns that an environment variable will replace it)
+    upscale_delay_s: float = Field(default=5.0, ge=0)
+    downscale_delay_s: float = Field(default=60.0, ge=0)
+    look_back_period_s: float = Field(default=30.0, gt=0)
+    metrics_interval_s: float = Field(default=10.0, gt=0)
     num_cpus: float = Field(default=1.0, ge=0)
     num_gpus: float | None = Field(default=None, ge=0)  # None: 1 on cuda, 0 on cpu
     torch_threads: int | None = Field(default=None, ge=1)  # None: num_cpus (at least 1)
@@ -104,7 +112,9 @@ class AppArgs(BaseModel):
         return EngineConfig(
             model=self.model,
             draft_model=self.draft_model,
-            spec=SpecConfig(policy=policy, num_speculative_tokens=k),
+            spec=SpecConfig(
+                policy=policy, num_speculative_tokens=k, frontier_size=self.frontier_size
+            ),
             device=self.device,
             dtype=self.dtype,
             block_size=self.block_size,

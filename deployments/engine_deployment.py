@@ -14,6 +14,7 @@ import torch
 from ray import serve
 
 from deployments.args import AppArgs
+from deployments.metrics import ReplicaMetrics
 from deployments.routing_policy import load_from_stats, replica_score
 from deployments.serving import GenerateRequest, OpenAIServing, StreamEvent
 from faser.engine.async_engine import AsyncLLMEngine
@@ -43,6 +44,7 @@ class FaserEngine:
             config.spec.policy,
             app_args.default_slo(),
         )
+        self.metrics = ReplicaMetrics(self.async_engine)
 
     async def model_name(self) -> str:
         return self.served_model_name
@@ -52,7 +54,9 @@ class FaserEngine:
     ) -> AsyncIterator[StreamEvent]:
         if cluster_load is not None:
             self.async_engine.set_cluster_load(cluster_load)
+        clock = self.metrics.request()
         async for event in self.serving.stream(request):
+            clock.observe(event)
             yield event
 
     def record_routing_stats(self) -> dict[str, Any]:
@@ -82,6 +86,8 @@ class FaserEngine:
         }
 
     def __del__(self) -> None:
+        if hasattr(self, "metrics"):
+            self.metrics.close()
         if hasattr(self, "async_engine"):
             self.async_engine.shutdown()
 

@@ -57,7 +57,49 @@ def _run_distill(args: argparse.Namespace) -> int:
     return 0
 
 
-SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_distill,)
+def _add_dashboard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="the Grafana dashboard of the serving metrics")
+    actions = p.add_subparsers(dest="action", required=True)
+    push = actions.add_parser(
+        "push", help="push the dashboard and a Prometheus datasource to Grafana",
+        description="Create or update the Prometheus datasource, then save the dashboard "
+        "(overwriting an older version) through Grafana's HTTP API.",
+    )
+    push.add_argument("--url", required=True, help="Grafana's base URL")
+    push.add_argument("--token", help="a Grafana service-account token (default $GRAFANA_TOKEN)")
+    push.add_argument("--prometheus-url", default="http://prometheus:9090",
+                      help="where Grafana reaches Prometheus")
+    push.add_argument("--folder-uid", help="Grafana folder to save the dashboard in")
+    push.set_defaults(handler=_run_dashboard_push)
+    export = actions.add_parser("export", help="write the dashboard JSON")
+    export.add_argument("--out", type=Path, help="default: k8s/grafana-dashboard.json")
+    export.set_defaults(handler=_run_dashboard_export)
+
+
+def _run_dashboard_push(args: argparse.Namespace) -> int:
+    import os
+
+    from deployments.grafana import push
+
+    token = args.token or os.environ.get("GRAFANA_TOKEN")
+    print(f"dashboard: pushing to {args.url} (datasource -> {args.prometheus_url})")
+    result = push(args.url, token, args.prometheus_url, args.folder_uid)
+    print(f"dashboard: datasource {result.datasource}; dashboard at {args.url.rstrip('/')}"
+          f"{result.dashboard_url}")
+    return 0
+
+
+def _run_dashboard_export(args: argparse.Namespace) -> int:
+    from deployments.dashboard import main as export
+
+    export(["--out", str(args.out)] if args.out else [])
+    return 0
+
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    _add_distill,
+    _add_dashboard,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
