@@ -41,6 +41,10 @@ from faser.spec.request import SpecRequest
 from faser.spec.verifier import FrontierItem, Verdict, Verifier, frontier_checks
 
 Reserve = Callable[[SpecRequest, int], bool]
+# post-verify drafts are made only while the chance that they are used (all k_i accepted, the
+# bonus equal to the draft's guess, and the carried drafts before it accepted: alpha^(k+t))
+# stays above this; on a CPU whose cores are shared, wasted drafts slow the target down
+MIN_POST_SURVIVAL = 0.05
 
 
 @dataclass(slots=True)
@@ -83,6 +87,7 @@ class _Request:
     seq: SpecRequest
     k: int  # drafts to verify; shrinks when the draft's confidence stops the line first
     lookahead: int  # drafts worth making for the next step (the request's max_k)
+    post: int  # drafts worth making past k_i before the verdict (see MIN_POST_SURVIVAL)
     line: DraftLine
     start: int  # seq.num_cached when the step began
     verdict: Verdict = field(default_factory=Verdict)
@@ -156,7 +161,10 @@ class OverlapStep:
             self.stats.carried_tokens += min(k, len(carry.tokens))
         if line.stopped:
             k = min(k, len(line.tokens))
-        return _Request(seq, k, seq.spec_state.max_k if k > 0 else 0, line, seq.num_cached)
+        lookahead = seq.spec_state.max_k if k > 0 else 0
+        alpha = min(1.0, max(0.0, seq.spec_state.alpha))
+        post = sum(alpha ** (k + t) >= MIN_POST_SURVIVAL for t in range(1, lookahead + 2))
+        return _Request(seq, k, lookahead, post, line, seq.num_cached)
 
     def _item(self, r: _Request, size: int) -> FrontierItem:
         draft = r.line.tokens[: r.k]
@@ -187,7 +195,7 @@ class OverlapStep:
             else:
                 ahead = 2 if r.ready(size) else 1  # verified this tick: prepare the next one
                 required = max(0, min(r.offset + ahead * size, r.k) - have)
-                cap = r.k + 1 + r.lookahead
+                cap = r.k + r.post
             needs.append((r, required, max(0, cap - have)))
         plan = []
         for r, required, room in needs:

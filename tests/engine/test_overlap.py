@@ -72,19 +72,21 @@ def test_overlap_with_chunked_prefill_and_preemption(tiny_models, hf_greedy):
 
 
 def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
-    """A draft identical to the target: every draft is accepted, and the drafts made while the
-    target verified become the next step's, so the draft almost never runs alone."""
+    """A draft identical to the target: every draft is accepted, and once the acceptance
+    estimate says so, the drafts made while the target verified become the next step's, so the
+    draft almost never runs alone."""
     target = tiny_models["gqa_tied"]
     llm = overlapped(target, target, "fixed:4")
-    outputs = llm.generate(PROMPTS, GREEDY)
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
-        assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, 64)
     stats, overlap = llm.engine.stats, llm.engine.speculator.overlap.stats
     assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
-    assert overlap.carried_tokens >= 0.6 * stats.num_draft_tokens
-    # sequentially the draft runs k = 4 forwards per step before the target; here, only the
-    # first step's (and a few after a mismatch) are not hidden behind a verification
-    assert overlap.exposed_draft_forwards <= 4 + overlap.steps // 2
+    assert overlap.carried_tokens >= 0.5 * stats.num_draft_tokens
+    # sequentially the draft runs k = 4 forwards per step before the target; here only in the
+    # first steps (the acceptance estimate starts at the prior, too low to draft past k)
+    assert overlap.exposed_draft_forwards <= 3 * 4
     assert overlap.exposed_draft_forwards < 0.25 * 4 * overlap.steps
 
 
