@@ -17,6 +17,7 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--target", default="smollm2-135m-instruct", help="target name or path")
     p.add_argument("--out", type=Path, required=True, help="directory for the draft")
+    p.add_argument("--work-dir", type=Path, help="answers and labels (default: <out>/_work)")
     p.add_argument("--num-prompts", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=192, help="tokens per answer")
     p.add_argument("--chunk-size", type=int, default=16, help="prompts generated at once")
@@ -50,7 +51,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         DistillConfig(
             target=args.target, out=args.out, generation=generation, train=train,
             layer_ids=layers, output_vocab=args.output_vocab, top_k=args.top_k,
-            num_threads=args.threads,
+            num_threads=args.threads, work_dir=args.work_dir,
         )
     )
     print(f"best held-out greedy agreement: {summary['best_held_out_agreement']:.3f}")

@@ -91,7 +91,8 @@ def export_draft(
 
 def _config_dict(draft: DraftLM, dtype: torch.dtype) -> dict:
     config = draft.body.config.to_dict()
-    config.pop("layer_types", None)
+    for key in ("layer_types", "_name_or_path"):  # the latter is a local path of the target
+        config.pop(key, None)
     config.update(
         architectures=["LlamaForCausalLM"],
         tie_word_embeddings=False,

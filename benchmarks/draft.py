@@ -1,0 +1,150 @@
+"""How well the draft guesses the target: `python -m benchmarks.draft`.
+
+On the Spec-Bench dev prompts (first turn, chat template, greedy), in the project's engine:
+- alpha: per-token greedy acceptance, from speculation with k = 1 (every drafted token sits on
+  the target's own greedy path, so this is the probability that the draft's next token is the
+  target's);
+- mean acceptance length (tokens committed per target step) at k = 2, 4, 6 (policy fixed:k);
+- the draft's decode step time over the target's at batch 1 (same engine, same context);
+overall and per category. Prints a table; --json writes the figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer
+
+from faser import LLM, SamplingParams, SpecConfig
+from faser.models.resolver import resolve_model
+from faser.runner.batch import Chunk
+
+SPEC_BENCH = Path("/work/shared/data/spec_bench_dev.jsonl")
+K_VALUES = (2, 4, 6)
+
+
+def load_prompts(path: Path, num_prompts: int) -> list[tuple[str, str]]:
+    """(category, first turn), categories taken in turn so that a few prompts cover them all."""
+    by_category: dict[str, list[str]] = defaultdict(list)
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            by_category[row["category"]].append(row["turns"][0])
+    queues = [[(c, t) for t in turns] for c, turns in sorted(by_category.items())]
+    picked: list[tuple[str, str]] = []
+    while len(picked) < num_prompts and any(queues):
+        for queue in queues:
+            if queue and len(picked) < num_prompts:
+                picked.append(queue.pop(0))
+    return picked
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer.encode(chat, add_special_tokens=False)
+
+
+def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
+    """Per request SpecStats of greedy generation with a fixed k, one batch of all prompts."""
+    llm = LLM(
+        args.target, draft_model=args.draft, spec=SpecConfig(policy=f"fixed:{k}"),
+        num_threads=args.threads, max_num_seqs=max(1, len(prompts)),
+        max_num_batched_tokens=max(512, len(prompts)),
+    )
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+    return [out.spec for out in llm.generate(prompts, params)]
+
+
+def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:
+    """Median batch-1 decode step of the draft and of the target, interleaved so that both see
+    the same load on a shared machine."""
+    llm = LLM(
+        args.target, draft_model=args.draft, spec=SpecConfig(policy="fixed:1"),
+        num_threads=args.threads,
+    )
+    engine = llm.engine
+    table: list[int] = []
+    if not engine.blocks.allocate("benchmark", table, len(context) + 1):
+        raise ValueError("no KV blocks for the timing request")
+    runners = {"target": engine.target, "draft": engine.speculator.proposer.runner}
+    for runner in runners.values():  # prefill the context once
+        runner.forward([Chunk(context, 0, table, num_logits=1)])
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for _ in range(repeats):
+        for name, runner in runners.items():
+            start = time.perf_counter()
+            runner.forward([Chunk([context[-1]], len(context), table, num_logits=1)])
+            times[name].append(time.perf_counter() - start)
+    engine.blocks.free(table)
+    target, draft = (statistics.median(times[n]) for n in ("target", "draft"))
+    return {"target_step_ms": 1e3 * target, "draft_step_ms": 1e3 * draft, "ratio": draft / target}
+
+
+def summarise(categories: list[str], stats_by_k: dict[int, list]) -> dict[str, dict]:
+    groups = {"overall": list(range(len(categories)))}
+    for i, c in enumerate(categories):
+        groups.setdefault(c, []).append(i)
+    table = {}
+    for name, rows in groups.items():
+        one = [stats_by_k[1][i] for i in rows]
+        drafted = sum(s.num_draft_tokens for s in one)
+        entry = {
+            "num_prompts": len(rows),
+            "alpha": sum(s.num_accepted_tokens for s in one) / drafted if drafted else 0.0,
+        }
+        for k in K_VALUES:
+            picked = [stats_by_k[k][i] for i in rows]
+            steps = sum(s.num_steps for s in picked)
+            accepted = sum(s.num_accepted_tokens for s in picked)
+            entry[f"tau_k{k}"] = (accepted + steps) / steps if steps else 0.0
+        table[name] = entry
+    return table
+
+
+def print_table(table: dict[str, dict], timing: dict[str, float]) -> None:
+    header = f"{'category':<16}{'n':>4}{'alpha':>8}" + "".join(f"{f'tau@{k}':>8}" for k in K_VALUES)
+    print(header)
+    print("-" * len(header))
+    for name, e in table.items():
+        taus = "".join(f"{e[f'tau_k{k}']:>8.2f}" for k in K_VALUES)
+        print(f"{name:<16}{e['num_prompts']:>4}{e['alpha']:>8.3f}{taus}")
+    print(
+        f"\nbatch-1 decode step: target {timing['target_step_ms']:.1f} ms, draft "
+        f"{timing['draft_step_ms']:.1f} ms, draft/target {timing['ratio']:.3f}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--draft", default="default-draft", help="draft name or directory")
+    parser.add_argument("--data", type=Path, default=SPEC_BENCH)
+    parser.add_argument("--num-prompts", type=int, default=26)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--timing-repeats", type=int, default=30)
+    parser.add_argument("--json", type=Path, help="write the figures here")
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    picked = load_prompts(args.data, args.num_prompts)
+    categories = [c for c, _ in picked]
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.target))
+    prompts = [chat_ids(tokenizer, text) for _, text in picked]
+    stats_by_k = {k: run_fixed(args, k, prompts) for k in (1, *K_VALUES)}
+    table = summarise(categories, stats_by_k)
+    timing = step_ratio(args, prompts[0], args.timing_repeats)
+    print_table(table, timing)
+    if args.json:
+        figures = {"args": {k: str(v) for k, v in vars(args).items()}, "table": table, **timing}
+        args.json.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
