@@ -116,12 +116,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     K, TTFT, TPOT, E2E,
 )
 # engine totals (SpecStats fields) that feed a counter of the same meaning
-_TOTALS = {
-    NUM_DRAFTS.name: "num_drafts",
-    NUM_DRAFT_TOKENS.name: "num_draft_tokens",
-    NUM_ACCEPTED_TOKENS.name: "num_accepted_tokens",
-    NUM_PRUNED.name: "num_pruned_positions",
-}
+_TOTALS: tuple[tuple[MetricSpec, str], ...] = (
+    (NUM_DRAFTS, "num_drafts"),
+    (NUM_DRAFT_TOKENS, "num_draft_tokens"),
+    (NUM_ACCEPTED_TOKENS, "num_accepted_tokens"),
+    (NUM_PRUNED, "num_pruned_positions"),
+)
 
 
 def exported_names() -> set[str]:
@@ -140,8 +140,8 @@ class EngineCounts:
     @classmethod
     def of(cls, stats: SpecStats | None) -> EngineCounts:
         if stats is None:
-            return cls({name: 0 for name in _TOTALS}, (), ())
-        totals = {name: int(getattr(stats, field)) for name, field in _TOTALS.items()}
+            return cls({spec.name: 0 for spec, _ in _TOTALS}, (), ())
+        totals = {spec.name: int(getattr(stats, field)) for spec, field in _TOTALS}
         # list() copies under the GIL while the step loop may grow the list
         return cls(
             totals, tuple(list(stats.num_accepted_tokens_per_pos)),
@@ -198,9 +198,8 @@ class ReplicaMetrics:
                 logger.exception("metrics poll failed")
 
     def _add_counts(self, now: EngineCounts, before: EngineCounts) -> None:
-        by_name = {spec.name: spec for spec in CATALOGUE}
-        for name, total in now.totals.items():
-            self.inc(by_name[name], total - before.totals[name])
+        for spec, _ in _TOTALS:
+            self.inc(spec, now.totals[spec.name] - before.totals[spec.name])
         for position, n in enumerate(_minus(now.accepted_per_pos, before.accepted_per_pos)):
             self.inc(NUM_ACCEPTED_PER_POS, n, {"position": str(position)})
         for k, n in enumerate(_minus(now.steps_per_k, before.steps_per_k)):

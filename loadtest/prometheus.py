@@ -16,11 +16,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+# as Ray exports FASER's metrics (deployments/metrics.py): `ray_` before each name, `_total` after
+# a counter's; mean acceptance length is 1 + accepted / drafts, as vLLM derives it
 DEFAULT_QUERIES = {
-    "mode": "max(faser_spec_mode)",
-    "k": "avg(faser_spec_k)",
-    "replicas": "sum(ray_serve_deployment_replica_healthy)",
-    "acceptance_length": "avg(faser_spec_decode_mean_acceptance_length)",
+    "mode": "max(ray_faser_spec_mode)",
+    "k": "sum(rate(ray_faser_spec_k_sum[30s])) / sum(rate(ray_faser_spec_k_count[30s]))",
+    "replicas": 'sum(ray_serve_deployment_replica_healthy{deployment="FaserEngine"})',
+    "acceptance_length": "1 + sum(rate(ray_faser_spec_decode_num_accepted_tokens_total[30s]))"
+    " / sum(rate(ray_faser_spec_decode_num_drafts_total[30s]))",
 }
 TIMEOUT_S = 10.0
 

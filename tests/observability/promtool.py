@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-# a series selector: a name followed by its label matchers
+# a series selector's name before its label matchers, and any Ray-exported name (bare ones too)
 SELECTOR_NAME = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
+RAY_NAME = re.compile(r"\bray_[a-zA-Z0-9_:]*")
 
 
 def promtool() -> str:
@@ -32,4 +33,4 @@ def check_expressions(expressions: list[str], work_dir: Path) -> subprocess.Comp
 
 
 def metric_names(expr: str) -> set[str]:
-    return set(SELECTOR_NAME.findall(expr))
+    return set(SELECTOR_NAME.findall(expr)) | set(RAY_NAME.findall(expr))

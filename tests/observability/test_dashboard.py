@@ -41,6 +41,15 @@ def test_expressions_use_only_exported_names() -> None:
     assert shown == {spec.name for spec in CATALOGUE}
 
 
+def test_loadtest_default_queries_parse_and_use_exported_names(tmp_path) -> None:
+    from loadtest.prometheus import DEFAULT_QUERIES
+
+    result = check_expressions(list(DEFAULT_QUERIES.values()), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    used = set().union(*(metric_names(e) for e in DEFAULT_QUERIES.values()))
+    assert used <= exported_names() | SERVE_NAMES, used - exported_names() - SERVE_NAMES
+
+
 def test_vllm_spec_decode_names_and_acceptance_length() -> None:
     names = exported_names()
     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",

@@ -19,6 +19,7 @@ import pytest
 
 from deployments import dashboard
 from deployments.metrics import CATALOGUE, MODE, NUM_ACCEPTED_TOKENS, NUM_DRAFTS, exported_names
+from loadtest.prometheus import series_points
 from tests.observability.prometheus_server import PrometheusServer, free_port
 from tests.observability.promtool import metric_names
 
@@ -172,9 +173,9 @@ def loaded(live, tmp_path_factory) -> LoadOutcome:
     sampler.start()
     try:
         out = run_headless(
-            live.base_url, work / "run", progress_s=5.0, shape="step", base_users=1,
+            live.base_url, work / "run", progress_s=5.0, shape="step", base_users=2,
             step_users=3, step_s=5.0, users=8, duration_s=40.0, max_tokens=24,
-            prompts_path=str(prompts), model=MODEL,
+            prompts_path=str(prompts), model=MODEL, prometheus=live.prometheus.url,
         )
         log(f"replicas during the load: {replicas}")
         wait_for("scale-down to one replica", lambda: running_replicas() == 1, 120)
@@ -249,5 +250,10 @@ def test_prometheus_answers_a_query(live: Live, loaded: LoadOutcome) -> None:
         f"count(count by (replica) (max_over_time({MODE.series}[10m])))"
     )
     assert int(float(replicas[0]["value"][1])) == max(loaded.replicas)
+    # the load test's own dump of the run from Prometheus (loadtest.prometheus.DEFAULT_QUERIES)
+    dump = json.loads((loaded.out / "metrics.json").read_text())
+    assert {name: bool(series_points(raw)) for name, raw in dump.items()} == dict.fromkeys(
+        dump, True
+    )
     targets = json.loads(urllib.request.urlopen(f"{live.prometheus.url}/api/v1/targets").read())
     assert any(t["health"] == "up" for t in targets["data"]["activeTargets"])
