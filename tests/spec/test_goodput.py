@@ -44,7 +44,8 @@ def test_step_cost_of_a_ragged_draft_batch():
     assert step.total() == pytest.approx(0.25 + 2.5)
     overlapped = StepCost(cost, 2, overlap=True)
     overlapped.add(0)
-    assert overlapped.total() == pytest.approx(max(0.1, 1.5))
+    # half the drafting stays on the critical path, the rest hides behind the target
+    assert overlapped.total() == pytest.approx(0.05 + max(0.05, 1.5))
 
 
 def _goodput(ks, acceptance, cost, prefill=0, overlap=False):
