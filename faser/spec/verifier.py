@@ -70,22 +70,11 @@ class Verifier:
             riders = prefills if j == 0 else []
             if not alive and not riders:
                 break
-            chunks = [_verify_chunk(seqs[i], drafts[i], starts[i], j, f) for i in alive]
-            chunks += [_prefill_chunk(seq, n) for seq, n in riders]
-            logits = self.runner.forward(chunks)  # [num_logits, vocab]
-            entries, owners, row = [], [], 0
-            for i in alive:
-                entry = _decode_entry(seqs[i], proposal, i, logits, row, j, f, uniforms[i])
-                row += len(entry.checked) + int(entry.final)
-                entries.append(entry)
-                owners.append(verdicts[i])
-            for p, (seq, _) in enumerate(riders):
-                if seq.num_cached == seq.num_tokens:
-                    entries.append(_prefill_entry(seq, logits[row : row + 1]))
-                    owners.append(p)
-                    row += 1
-            if entries:
-                self._judge(entries, owners, prefill_tokens)
+            items = [
+                _frontier_item(seqs[i], proposal, i, starts[i], j, f, uniforms[i], verdicts[i])
+                for i in alive
+            ]
+            self.verify_items(items, riders, prefill_tokens)
         for i, verdict in enumerate(verdicts):
             verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
         return verdicts, prefill_tokens
@@ -213,6 +202,15 @@ class FrontierItem:
     size: int
     uniforms: tuple[torch.Tensor, torch.Tensor]  # accept [checked tokens], sample [1]
     verdict: Verdict
+
+
+def _frontier_item(seq, proposal: Proposal, i: int, start: int, j: int, f: int, uniforms,
+                   verdict: Verdict) -> FrontierItem:
+    draft = proposal.draft_token_ids[i]
+    checks = frontier_checks(len(draft), j, f)
+    u_accept, u_sample = uniforms
+    return FrontierItem(seq, draft, proposal.draft_probs[i], start, j, f,
+                        (u_accept[j : j + checks], u_sample), verdict)
 
 
 def frontier_checks(num_drafts: int, offset: int, size: int) -> int:
