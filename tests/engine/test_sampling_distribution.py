@@ -12,6 +12,7 @@ import torch
 from faser import LLM, SamplingParams, SpecConfig
 from faser.layers.sampler import logits_to_probs
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
+from tests.spec.spec_profiles import roofline
 
 VOCAB = 12
 PROMPT = [1, 2, 3]
@@ -49,6 +50,16 @@ def exact_marginals(target_dir) -> tuple[torch.Tensor, torch.Tensor]:
     return p2, p3
 
 
+def assert_marginals_match(outputs, target_dir) -> None:
+    """The 2nd and 3rd sampled tokens follow the target's exact marginals."""
+    p2, p3 = exact_marginals(target_dir)
+    for position, expected in ((1, p2), (2, p3)):
+        counts = torch.bincount(torch.tensor([o.token_ids[position] for o in outputs]),
+                                minlength=VOCAB).float()
+        rejected, stat = chi_square_rejects(counts, expected)
+        assert not rejected, f"token {position + 1}: chi-square {stat:.1f}"
+
+
 def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[bool, float]:
     """Pearson's test at significance 1e-4 (cells with small expectation pooled)."""
     expected = expected_p * counts.sum()
@@ -64,21 +75,21 @@ def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[
     return stat > critical, stat
 
 
-@pytest.mark.parametrize("policy,frontier", [("fixed:2", None), ("fixed:3", 1), ("off", None)])
+@pytest.mark.parametrize("policy,frontier", [
+    ("fixed:2", None), ("fixed:3", 1), ("off", None), ("heuristic", None),
+    ("faser", None),
+])
 def test_speculative_sampling_matches_target_distribution(small_vocab_pair, policy, frontier):
     target, draft = small_vocab_pair
     llm = LLM(str(target), draft_model=str(draft),
               spec=SpecConfig(policy=policy, frontier_size=frontier),
               num_kv_blocks=4096, block_size=4, max_num_seqs=128, max_num_batched_tokens=1024)
+    # a memory-bound profile, so that faser speculates on models this small
+    llm.engine.speculator._cost_model = roofline()
     params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
               for i in range(NUM_SAMPLES)]
     outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
-    p2, p3 = exact_marginals(target)
-    for position, expected in ((1, p2), (2, p3)):
-        counts = torch.bincount(torch.tensor([o.token_ids[position] for o in outputs]),
-                                minlength=VOCAB).float()
-        rejected, stat = chi_square_rejects(counts, expected)
-        assert not rejected, f"token {position + 1}: chi-square {stat:.1f}"
+    assert_marginals_match(outputs, target)
     if policy != "off":
         stats = llm.engine.stats
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
