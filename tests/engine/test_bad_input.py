@@ -1,0 +1,83 @@
+"""Bad input gets a ValueError naming what is wrong, and never harms the other requests."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from faser import LLM, SamplingParams, SpecConfig
+from tests.engine.tiny import make_checkpoint
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_models):
+    return LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+               spec=SpecConfig(policy="fixed:3"), num_kv_blocks=64, block_size=4)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+])
+def test_sampling_params_name_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("prompt,message", [
+    ([], "prompt must not be empty"),
+    ([1, 2, 10_000], "prompt token ids"),
+    (list(range(1, 90)) * 3, "max_model_len"),
+    ("text but no tokenizer", "tokenizer"),
+])
+def test_bad_prompts(llm, prompt, message):
+    with pytest.raises(ValueError, match=message):
+        llm.engine.add_request(None, prompt, GREEDY)
+
+
+def test_max_tokens_past_the_context(llm):
+    with pytest.raises(ValueError, match="max_tokens"):
+        llm.engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=10_000))
+
+
+@pytest.mark.parametrize("spec,field", [
+    ({"policy": "nope"}, "policy"),
+    ({"max_k": 99}, "num_speculative_tokens"),
+    ({"k": 2}, "unknown fields"),
+])
+def test_bad_speculation_overrides(llm, spec, field):
+    with pytest.raises(ValueError, match=field):
+        llm.engine.add_request(None, [1, 2, 3], GREEDY, spec=spec)
+
+
+def test_one_bad_request_does_not_take_down_the_batch(llm, hf_greedy):
+    good = [[1, 2, 3, 4, 5], [7, 8, 9]]
+    with pytest.raises(ValueError):
+        llm.generate([good[0], [], good[1]], GREEDY)  # all or nothing, and nothing left behind
+    assert not llm.engine.has_unfinished_requests()
+    outputs = llm.generate(good, GREEDY)
+    assert [o.token_ids for o in outputs] == [hf_greedy("gqa_tied", p, 8) for p in good]
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_models, tmp_path):
+    other = make_checkpoint(tmp_path / "other", "draft", vocab_size=50)
+    with pytest.raises(ValueError, match="vocabulary"):
+        LLM(str(tiny_models["gqa_tied"]), draft_model=str(other), num_kv_blocks=16)
+
+
+def test_unsupported_architecture_is_refused(tiny_models, tmp_path):
+    bad = tmp_path / "gpt2"
+    bad.mkdir()
+    config = json.loads((tiny_models["gqa_tied"] / "config.json").read_text())
+    config["model_type"] = "gpt2"
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        LLM(str(bad), num_kv_blocks=16)
