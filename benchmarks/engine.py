@@ -5,7 +5,7 @@
   C. the target's forward time for 1, 3, 5, 9 tokens of one request against a warm KV cache.
 
 Each figure is the median of interleaved repeats. Usage:
-  python -m benchmarks.engine [--model M --draft-model D] [--weight-formats dense,mkldnn]
+  python -m benchmarks.engine [--model M --draft-model D] [--weights dense,mkldnn,bf16]
       [--threads 1] [--max-tokens 48] [--repeats 3] [--json OUT]
 """
 
@@ -36,7 +36,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
-    ap.add_argument("--weight-formats", default="dense,mkldnn")
+    ap.add_argument("--weights", default="dense,mkldnn,bf16",
+                    help="variants side by side: dense / mkldnn fp32 weights, bf16 (dtype)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch-sizes", default="1,16")
@@ -46,6 +47,13 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args()
+
+
+def make_engine(args: argparse.Namespace, variant: str) -> LLM:
+    dtype, weight_format = ("bfloat16", "dense") if variant == "bf16" else ("float32", variant)
+    return LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
+               num_threads=args.threads, weight_format=weight_format, dtype=dtype,
+               max_num_seqs=32)
 
 
 def engine_run(llm: LLM, prompts, max_tokens: int, spec: dict | None = None) -> float:
@@ -97,12 +105,8 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    formats = args.weight_formats.split(",")
-    engines = {
-        fmt: LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
-                 num_threads=args.threads, weight_format=fmt, max_num_seqs=32)
-        for fmt in formats
-    }
+    formats = args.weights.split(",")
+    engines = {fmt: make_engine(args, fmt) for fmt in formats}
     first = engines[formats[0]]
     tokenizer = first.tokenizer
     rows = spec_bench_prompts(args.prompts, max(int(b) for b in args.batch_sizes.split(",")))
