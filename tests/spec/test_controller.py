@@ -1,10 +1,10 @@
 import random
 
 import pytest
-from spec_profiles import linear, roofline
 
 from faser.spec.controller import ControllerConfig, ModeController
 from faser.spec.plan import LoadView
+from tests.spec.spec_profiles import linear, roofline
 
 # knee at 64 tokens; with max_k = 4 a request puts 5 tokens in the target batch with full
 # speculation: the prune signal is num_running * 5 / 64 (1 at 12.8 requests), the off signal

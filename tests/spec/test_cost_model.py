@@ -2,7 +2,6 @@ import json
 import math
 
 import pytest
-from spec_profiles import linear, roofline
 
 from faser.spec.cost_model import (
     CostProfile,
@@ -11,6 +10,7 @@ from faser.spec.cost_model import (
     profile,
     profile_key,
 )
+from tests.spec.spec_profiles import linear, roofline
 
 
 def test_interpolates_between_points_and_extrapolates_the_last_segment():

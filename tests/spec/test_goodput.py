@@ -3,7 +3,6 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spec_profiles import linear, roofline
 
 from faser.spec.cost_model import CostProfile
 from faser.spec.goodput import (
@@ -15,6 +14,7 @@ from faser.spec.goodput import (
     expected_verify_time,
     survival,
 )
+from tests.spec.spec_profiles import linear, roofline
 
 
 def test_expected_accepted_by_hand():

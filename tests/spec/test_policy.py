@@ -1,7 +1,6 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spec_profiles import linear, roofline
 
 from faser.config import POLICIES, SpecConfig
 from faser.spec.controller import ControllerConfig
@@ -9,6 +8,7 @@ from faser.spec.goodput import choose_frontier_size
 from faser.spec.plan import LoadView
 from faser.spec.policy import POLICY_REGISTRY, dsd_k, fit_budget, make_policy
 from faser.spec.state import SpecState
+from tests.spec.spec_profiles import linear, roofline
 
 FASER = ("faser", "faser-nooverlap", "faser-noprune")
 FAST = ControllerConfig(patience=1)

@@ -8,7 +8,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from spec_profiles import linear, roofline
 
 from faser.config import SpecConfig
 from faser.engine.sequence import Sequence
@@ -26,6 +25,7 @@ from faser.spec.slo import (
     ttft_step_limit,
 )
 from faser.spec.state import SpecState
+from tests.spec.spec_profiles import linear, roofline
 
 FAST = ControllerConfig(patience=1)
 COMPUTE_BOUND = linear(fixed_s=0.010, per_token_s=0.0004, draft_s=0.0002)
