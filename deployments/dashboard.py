@@ -29,6 +29,8 @@ from deployments.metrics import (
     NUM_DRAFTS,
     NUM_PRUNED,
     NUM_RUNNING,
+    NUM_SLO_MET,
+    NUM_SLO_REQUESTS,
     NUM_WAITING,
     PROMPT_TOKENS,
     TPOT,
@@ -131,6 +133,11 @@ def panels() -> tuple[Panel, ...]:
             Query(_rate(NUM_PRUNED, "replica"), "{{replica}}"),
             Query(f"{_rate(NUM_PRUNED)} / {_rate(NUM_DRAFT_TOKENS)}", "per draft token"),
         ), description="Target positions never computed thanks to early pruning, per second."),
+        Panel("SLO attainment", (
+            Query(f"{_rate(NUM_SLO_MET)} / {_rate(NUM_SLO_REQUESTS)}", "all"),
+            Query(f"{_rate(NUM_SLO_MET, 'replica')} / {_rate(NUM_SLO_REQUESTS, 'replica')}",
+                  "{{replica}}"),
+        ), "percentunit", description="Finished requests with an SLO that met its TTFT and TPOT."),
         Panel("Replicas", (
             Query(f"sum({_sel(SERVE_REPLICAS, extra=replicas)})", "healthy"),
             Query(f"max({_sel(SERVE_TARGET_REPLICAS, extra=replicas)})", "autoscaling target"),

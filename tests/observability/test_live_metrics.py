@@ -125,6 +125,8 @@ def live(tiny_close_pair, tmp_path_factory):
         "num_replicas": "auto", "min_replicas": 1, "max_replicas": 2, "target_load": 0.6,
         "upscale_delay_s": 1.0, "downscale_delay_s": 3.0, "look_back_period_s": 2.0,
         "metrics_interval_s": 0.5,
+        # loose targets every request meets: the SLO counters must move too
+        "slo_tpot_ms": 60_000, "slo_ttft_ms": 60_000,
     })
     log("deploying the app (tiny models)")
     serve.run(app, name=APP, route_prefix=f"/{APP}")
