@@ -49,10 +49,15 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, config.block_size)
         # a request must always fit alone, or preemption could not make room for it
         self.max_model_len = min(self.pair.max_model_len, num_blocks * config.block_size - 17)
-        self.target = ModelRunner(self.pair.target, num_blocks, config.block_size, config.device)
+        options = self.pair.runner_options
+        self.target = ModelRunner(
+            self.pair.target, num_blocks, config.block_size, config.device, options
+        )
         draft = None
         if self.pair.draft is not None:
-            draft = ModelRunner(self.pair.draft, num_blocks, config.block_size, config.device)
+            draft = ModelRunner(
+                self.pair.draft, num_blocks, config.block_size, config.device, options
+            )
         self.scheduler = Scheduler(config, self.blocks)
         profiler = (lambda: self._profile(draft)) if draft is not None else None
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)

@@ -27,6 +27,7 @@ class ModelPair:
     eos_token_ids: frozenset[int]
     target_dir: Path
     draft_dir: Path | None
+    runner_options: RunnerOptions  # how both models' forwards run (compile, CUDA graphs)
 
 
 def resolve(path: str | None, kind: str) -> Path:
@@ -57,14 +58,11 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
-    options = runner_options(config, max_position)
-    for model in (target, draft):
-        if model is not None:
-            model.runner_options = options  # read by ModelRunner
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
         _eos_ids(hf_config, tokenizer, target_dir), target_dir, draft_dir,
+        runner_options(config, max_position),
     )
 
 

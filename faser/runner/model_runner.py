@@ -38,8 +38,7 @@ class ModelRunner:
             dtype, device,
         )
         self.num_positions_computed = 0  # tokens this model has run over, for pruning figures
-        # load_pair attaches the engine's options to the model it loads
-        options = options or getattr(model, "runner_options", None) or RunnerOptions()
+        options = options or RunnerOptions()
         self.options = options
         self._forward = torch.compile(model, dynamic=True) if options.compile else model
         self.graphs: DecodeGraphs | None = None
