@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from dataclasses import replace
 
 import torch
@@ -27,6 +28,7 @@ from faser.spec.cost_model import (
     load_or_profile,
     profile_key,
 )
+from faser.spec.plan import LoadView
 from faser.spec.slo import Slo, request_met
 from faser.spec.speculator import Speculator
 from faser.spec.state import SpecState
@@ -207,13 +209,13 @@ class LLMEngine:
     def _append(self, seq: Sequence, token_ids: list[int]) -> list[int]:
         new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)
         if seq.first_token_time is None:
-            seq.first_token_time = _now()
+            seq.first_token_time = time.perf_counter()
         # roll back what the draft and target computed past the committed tokens
         seq.num_cached = min(seq.num_cached, seq.num_tokens - 1)
         seq.num_draft_cached = min(seq.num_draft_cached, seq.num_tokens - 1)
         self.blocks.truncate(seq.block_table, seq.num_tokens)
         if seq.finish_reason is not None:
-            seq.finish_time = _now()
+            seq.finish_time = time.perf_counter()
             self.scheduler.finish(seq)
             self._count_slo(seq)
         return new
@@ -245,8 +247,6 @@ class LLMEngine:
     # -- load -------------------------------------------------------------------------------
 
     def _load(self, sched: SchedulerOutput):
-        from faser.spec.plan import LoadView
-
         return LoadView(
             num_running=len(sched.decodes),
             num_waiting=len(self.scheduler.waiting),
@@ -285,12 +285,6 @@ class LLMEngine:
     @property
     def spec_config(self) -> SpecConfig:
         return self.config.spec
-
-
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
 
 
 def _metrics(seq: Sequence) -> dict[str, float]:

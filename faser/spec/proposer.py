@@ -54,8 +54,9 @@ class Proposer:
             chunks = [self._chunk(seqs[i], step, proposal.draft_token_ids[i]) for i in active]
             logits = self.runner.forward(chunks)  # [num_active, draft_vocab]
             params = [seqs[i].params for i in active]
-            rows = self._to_target_vocab(request_probs(logits, params), float("-inf"))
-            confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
+            probs = request_probs(logits, params)
+            rows = self._to_target_vocab(probs, float("-inf"))
+            confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
             for row, i in enumerate(active):
                 proposal.draft_token_ids[i].append(tokens[row])
@@ -87,8 +88,9 @@ class Proposer:
             chunks.append(Chunk(context[start:], start, seq.block_table, num_logits=1))
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
         params = [seq.params for seq in seqs]
-        rows = self._to_target_vocab(request_probs(logits, params), float("-inf"))
-        confidence = self._to_target_vocab(self._confidence(logits, params), 0.0)
+        probs = request_probs(logits, params)
+        rows = self._to_target_vocab(probs, float("-inf"))
+        confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         return [
             (token, None if seq.params.greedy else rows[row].clone(), conf)
@@ -113,13 +115,21 @@ class Proposer:
         return out.index_copy_(1, self.token_map, rows)  # [num_rows, target_vocab]
 
     @staticmethod
-    def _confidence(logits: torch.Tensor, params) -> torch.Tensor:  # [num_rows, draft_vocab]
+    def _confidence(
+        logits: torch.Tensor,  # [num_rows, draft_vocab]
+        probs: torch.Tensor,  # request_probs(logits, params): distributions of sampled rows
+        params,
+    ) -> torch.Tensor:  # [num_rows, draft_vocab]
         # the probability the request's own distribution gives each token; greedy requests have
         # none, so the draft's plain softmax stands in for it
-        probs = torch.softmax(logits, dim=-1)
-        sampled = request_probs(logits, params)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)[:, None]
-        return torch.where(greedy, probs, sampled)
+        greedy = [p.greedy for p in params]
+        if not any(greedy):
+            return probs
+        softmax = torch.softmax(logits, dim=-1)
+        if all(greedy):
+            return softmax
+        mask = torch.tensor(greedy, device=logits.device)[:, None]
+        return torch.where(mask, softmax, probs)
 
     @classmethod
     def _pick_rows(
