@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from faser_kernels import paged_attention, store_kvcache
+from faser_kernels.attention import KVGather
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +19,7 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [num_seqs, max_num_blocks] int32
     seq_lens: torch.Tensor  # [num_seqs] int32: cached tokens after this forward
     cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32: the flat batch's request boundaries
+    gather: KVGather | None = None  # the PyTorch twin's gather plan, shared by all layers
 
 
 class PagedAttention(nn.Module):
@@ -38,5 +40,5 @@ class PagedAttention(nn.Module):
         store_kvcache(key, value, key_cache, value_cache, meta.slot_mapping)
         return paged_attention(
             query, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-            self.scale,
+            self.scale, meta.gather,
         )

@@ -42,15 +42,14 @@ class LlamaAttention(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden]
-        n = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)
-        k = k.view(n, self.num_kv_heads, self.head_dim)
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        n, heads = hidden.shape[0], self.num_heads
+        qkv = self.qkv_proj(hidden)
+        qk = qkv[:, : self.q_size + self.kv_size].view(n, heads + self.num_kv_heads, self.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        out = self.attn(q, k, v.contiguous(), kv_cache, meta)
+            qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
+        qk = apply_rotary(qk, *rope)  # queries and keys rotated in one pass
+        out = self.attn(qk[:, :heads], qk[:, heads:], v, kv_cache, meta)
         return self.o_proj(out.reshape(n, self.q_size))
 
 

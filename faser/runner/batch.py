@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from faser.layers.attention import AttentionMetadata
+from faser_kernels import use_triton
+from faser_kernels.attention import plan_kv_gather
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +56,11 @@ def build_batch(chunks: list[Chunk], block_size: int, device: str) -> FlatBatch:
     def tensor(values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=device)
 
-    meta = AttentionMetadata(
-        slot_mapping=tensor(slots),
-        block_tables=tensor(tables, torch.int32),
-        seq_lens=tensor(seq_lens, torch.int32),
-        cu_seqlens_q=tensor(cu_seqlens, torch.int32),
-    )
+    block_tables = tensor(tables, torch.int32)
+    seq_lens_t = tensor(seq_lens, torch.int32)
+    cu_seqlens_q = tensor(cu_seqlens, torch.int32)
+    gather = None
+    if not use_triton(seq_lens_t):
+        gather = plan_kv_gather(block_tables, seq_lens_t, cu_seqlens_q, block_size)
+    meta = AttentionMetadata(tensor(slots), block_tables, seq_lens_t, cu_seqlens_q, gather)
     return FlatBatch(tensor(input_ids), tensor(positions), meta, tensor(logit_indices))
