@@ -23,6 +23,8 @@ CASES = [
     AttentionCase(2, 1, 16, 5, q_lens=(3, 1), context_lens=(11, 4)),  # block_size not a power of 2
     AttentionCase(4, 2, 16, 4, q_lens=(40,), context_lens=(6,)),  # many query blocks
     AttentionCase(4, 2, 16, 4, q_lens=(2, 0, 3), context_lens=(3, 5, 0)),  # a request sits out
+    AttentionCase(4, 2, 16, 4, q_lens=(1, 1), context_lens=(9, 9)),  # no mask, no query gather
+    AttentionCase(4, 2, 16, 4, q_lens=(3, 3), context_lens=(5, 20)),  # equal q_lens, masked
 ]
 
 
