@@ -25,6 +25,7 @@ from faser.spec.cost_model import (
     DRAFT_POINTS,
     TARGET_POINTS,
     CostProfile,
+    LaneTimers,
     load_or_profile,
     profile_key,
 )
@@ -87,21 +88,32 @@ class LLMEngine:
         cached on disk. Measured when a cost-aware policy is first needed, on blocks borrowed from
         the pool so that no live request's cache is touched."""
         config = self.config
+        overlap = self.speculator.overlap
+        lanes = overlap.lanes if overlap is not None else None
+        lane_threads = (lanes.target.num_threads, lanes.draft.num_threads) if lanes else None
         key = profile_key(
             f"{self.pair.target_dir}+{self.pair.draft_dir}", config.device, config.dtype,
-            config.num_threads,
+            config.num_threads, lane_threads,
         )
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):
             raise RuntimeError("no free KV blocks to profile the step cost on")
+        target_timer, draft_timer = decode_timer(self.target, table), decode_timer(draft, table)
+        lane_timers = None
+        if lanes is not None:
+            lane_timers = LaneTimers(
+                lambda n: lanes.target.submit(target_timer, n).result(),
+                lambda n: lanes.draft.submit(draft_timer, n).result(),
+            )
         try:
             return load_or_profile(
                 key,
-                decode_timer(self.target, table),
-                decode_timer(draft, table),
+                target_timer,
+                draft_timer,
                 [n for n in TARGET_POINTS if n <= config.max_num_batched_tokens],
                 [n for n in DRAFT_POINTS if n <= config.max_num_seqs],
                 cache_dir=config.spec.profile_cache_dir,
+                lanes=lane_timers,
             )
         finally:
             self.blocks.free(table)

@@ -18,11 +18,11 @@ downwards at 1 - margin, and a new mode must be wanted for `patience` consecutiv
 from __future__ import annotations
 
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from faser.spec.cost_model import CostProfile
-from faser.spec.goodput import StepCost, choose_k
+from faser.spec.goodput import KChoice, StepCost, choose_k
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
@@ -136,6 +136,8 @@ class ModeController:
                 level = signal_level
         if not self.allow_overlap:
             level = max(level, 1)
+        if level == 0 and not self._overlap_wins(load, alpha):
+            level = 1  # the lanes' smaller shares of the device cost more than drafting hides
         if level < 2 and not self._pays(load, alpha, overlap=level == 0):
             level = 2
         return LEVELS[level]
@@ -144,11 +146,24 @@ class ModeController:
         """Would the goodput model speculate for a batch of this size at this acceptance?"""
         if load.num_running == 0 or self.max_k == 0:
             return self.max_k > 0
+        gain = self.config.pay_margin if self.mode == "off" else 0.0
+        return self._best(load, alpha, overlap=overlap, min_gain=gain).speculates
+
+    def _overlap_wins(self, load: LoadView, alpha: float) -> bool:
+        """Does the best overlapped step beat the best sequential one (one request when idle)?"""
+        if self.max_k == 0:
+            return False
+        if load.num_running == 0:
+            load = replace(load, num_running=1)
+        overlapped = self._best(load, alpha, overlap=True)
+        return overlapped.speculates and overlapped.goodput > self._best(load, alpha).goodput
+
+    def _best(
+        self, load: LoadView, alpha: float, *, overlap: bool = False, min_gain: float = 0.0
+    ) -> KChoice:
         acceptance = [[alpha] * self.max_k] * load.num_running
         step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap)
-        gain = self.config.pay_margin if self.mode == "off" else 0.0
-        choice = choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=gain)
-        return choice.speculates
+        return choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=min_gain)
 
     def _switch(self, mode: str, pressure: Pressure) -> None:
         if mode != self.mode or self.num_steps == 0:

@@ -2,8 +2,10 @@
 
 The target's time is measured at a few points of the flat batch size (num_tokens), the draft's at a
 few batch sizes; between points the time is interpolated linearly, beyond them extrapolated along
-the last segment. The profile is measured once per model, device, dtype and thread count and cached
-as JSON, so a restart costs no profiling.
+the last segment. When the engine has lanes (overlap), each model's step is also timed on its own
+lane, whose share of the hardware is smaller: on a CPU the target's lane has half the cores, and
+overlap pays only when hiding the draft wins back more than that costs. The profile is measured
+once per model, device, dtype and thread count and cached as JSON, so a restart costs no profiling.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 TARGET_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
@@ -37,22 +40,33 @@ class CostProfile:
     draft_points: tuple[int, ...] = ()
     draft_times: tuple[float, ...] = ()
     key: str = ""
+    # (target, draft): a step's time on its lane over its time with the whole device, measured
+    # at the smallest batch (overlap is only chosen at low load); None: not measured (no lanes)
+    lane_scales: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         _check_curve("target", self.target_points, self.target_times, allow_empty=False)
         _check_curve("draft", self.draft_points, self.draft_times, allow_empty=True)
+        if self.lane_scales is not None and (
+            len(self.lane_scales) != 2
+            or not all(s > 0.0 and math.isfinite(s) for s in self.lane_scales)
+        ):
+            raise ValueError(f"lane_scales must be two positive numbers, got {self.lane_scales}")
 
-    def target_time(self, num_tokens: float) -> float:
-        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens."""
+    def target_time(self, num_tokens: float, *, lane: bool = False) -> float:
+        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens.
+        `lane`: on the target's lane, beside a drafting draft."""
         if num_tokens <= 0:
             return 0.0
-        return _interpolate(self.target_points, self.target_times, num_tokens)
+        scale = self.lane_scales[0] if lane and self.lane_scales else 1.0
+        return scale * _interpolate(self.target_points, self.target_times, num_tokens)
 
-    def draft_time(self, batch_size: float) -> float:
+    def draft_time(self, batch_size: float, *, lane: bool = False) -> float:
         """Seconds of one draft step over `batch_size` sequences; 0 for none."""
         if batch_size <= 0 or not self.draft_points:
             return 0.0
-        return _interpolate(self.draft_points, self.draft_times, batch_size)
+        scale = self.lane_scales[1] if lane and self.lane_scales else 1.0
+        return scale * _interpolate(self.draft_points, self.draft_times, batch_size)
 
     def knee(self, elasticity: float = KNEE_ELASTICITY) -> float:
         """num_tokens where the target turns from memory-bound to compute-bound: where doubling
@@ -79,6 +93,7 @@ class CostProfile:
             "key": self.key,
             "target": {"num_tokens": list(self.target_points), "seconds": list(self.target_times)},
             "draft": {"batch_size": list(self.draft_points), "seconds": list(self.draft_times)},
+            "lane_scales": list(self.lane_scales) if self.lane_scales else None,
         }
 
     @classmethod
@@ -92,7 +107,15 @@ class CostProfile:
             draft_points=tuple(int(n) for n in data["draft"]["batch_size"]),
             draft_times=tuple(float(t) for t in data["draft"]["seconds"]),
             key=str(data.get("key", "")),
+            lane_scales=_pair(data.get("lane_scales")),
         )
+
+
+class LaneTimers(NamedTuple):
+    """The same measurements as `profile` takes, run on the target's and the draft's lanes."""
+
+    target: Callable[[int], float]
+    draft: Callable[[int], float]
 
 
 def profile(
@@ -104,6 +127,7 @@ def profile(
     repeats: int = 3,
     warmup: int = 1,
     key: str = "",
+    lanes: LaneTimers | None = None,
 ) -> CostProfile:
     """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
     at size n. The median of `repeats` calls per point, after `warmup` discarded calls, then the
@@ -116,18 +140,28 @@ def profile(
     draft_times: tuple[float, ...] = ()
     if measure_draft is not None:
         draft_times = _measure_curve(measure_draft, draft_points, repeats, warmup)
+    lane_scales = None
+    if lanes is not None and measure_draft is not None:
+        lane_target = _measure_curve(lanes.target, points[:1], repeats, warmup)[0]
+        lane_draft = _measure_curve(lanes.draft, draft_points[:1], repeats, warmup)[0]
+        lane_scales = (lane_target / target_times[0], lane_draft / draft_times[0])
     return CostProfile(
         target_points=tuple(points),
         target_times=target_times,
         draft_points=tuple(draft_points) if measure_draft is not None else (),
         draft_times=draft_times,
         key=key,
+        lane_scales=lane_scales,
     )
 
 
-def profile_key(model: str, device: str, dtype: str, num_threads: int | None) -> str:
-    """The cache key: a profile is only valid for the hardware and precision it was measured on."""
-    return f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
+def profile_key(
+    model: str, device: str, dtype: str, num_threads: int | None, lane_threads: object = None
+) -> str:
+    """The cache key: a profile is only valid for the hardware, precision and thread split it was
+    measured on."""
+    key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
+    return key if lane_threads is None else f"{key}|lanes={lane_threads}"
 
 
 def default_cache_dir() -> Path:
@@ -167,19 +201,25 @@ def load_or_profile(
     *,
     cache_dir: str | os.PathLike | None = None,
     repeats: int = 3,
+    lanes: LaneTimers | None = None,
 ) -> CostProfile:
-    """The cached profile for `key` when it covers the requested points, else a fresh one."""
+    """The cached profile for `key` when it covers the requested points (and lanes), else a
+    fresh one."""
     path = cache_path(key, cache_dir)
     cached = load_profile(path)
     wanted_draft = tuple(draft_points) if measure_draft is not None else ()
+    wants_lanes = lanes is not None and measure_draft is not None
     if (
         cached is not None
         and cached.key == key
         and cached.target_points == tuple(points)
         and cached.draft_points == wanted_draft
+        and (cached.lane_scales is not None) == wants_lanes
     ):
         return cached
-    cost = profile(measure_target, measure_draft, points, draft_points, repeats=repeats, key=key)
+    cost = profile(
+        measure_target, measure_draft, points, draft_points, repeats=repeats, key=key, lanes=lanes
+    )
     save_profile(cost, path)
     return cost
 
@@ -193,6 +233,13 @@ def _measure_curve(
             measure(n)
         medians.append(statistics.median(float(measure(n)) for _ in range(repeats)))
     return tuple(_lower_envelope(medians))
+
+
+def _pair(value: object) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    first, second = value  # type: ignore[misc]
+    return float(first), float(second)
 
 
 def _check_curve(

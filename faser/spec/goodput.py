@@ -83,8 +83,9 @@ class StepCost:
         self._draft_deltas: list[float] = []
         self._open_delta = self._delta(0)
         self.draft_s = 0.0 if sunk_draft_s is None else sunk_draft_s
-        self.target_s = cost.target_time(self.num_target_tokens)
-        self._next_target_s = cost.target_time(self.num_target_tokens + 1)
+        # overlapped, each model runs on its lane, with a smaller share of the device
+        self.target_s = cost.target_time(self.num_target_tokens, lane=overlap)
+        self._next_target_s = cost.target_time(self.num_target_tokens + 1, lane=overlap)
         self._total = self._combine(self.draft_s, self.target_s)
 
     def copy(self) -> StepCost:
@@ -111,13 +112,16 @@ class StepCost:
         self._draft_deltas[position] = self._delta(self.batch_per_position[position])
         self.num_target_tokens += 1
         self.target_s = self._next_target_s
-        self._next_target_s = self.cost.target_time(self.num_target_tokens + 1)
+        self._next_target_s = self.cost.target_time(self.num_target_tokens + 1, lane=self.overlap)
         self._total = self._combine(self.draft_s, self.target_s)
 
     def _delta(self, batch_size: int) -> float:
         if self.sunk_draft_s is not None:
             return 0.0
-        return self.cost.draft_time(batch_size + 1) - self.cost.draft_time(batch_size)
+        lane = self.overlap
+        return self.cost.draft_time(batch_size + 1, lane=lane) - self.cost.draft_time(
+            batch_size, lane=lane
+        )
 
     def _combine(self, draft_s: float, target_s: float) -> float:
         if not self.overlap:

@@ -1,3 +1,4 @@
+import dataclasses
 import random
 
 import pytest
@@ -131,3 +132,13 @@ def _transitions(modes):
         if m != out[-1]:
             out.append(m)
     return out
+
+
+def test_overlap_only_where_the_lanes_pay_for_themselves():
+    """On a 2-core CPU the target's lane has half the cores: its forward takes twice as long,
+    more than hiding the draft wins back, so low load runs sequential (prune) steps there."""
+    halved = dataclasses.replace(PROFILE, lane_scales=(2.0, 1.0))
+    ctrl = ModeController(halved, MAX_K, alpha_prior=0.8)
+    assert run(ctrl, [load(2)] * 4) == ["prune"] * 4
+    streams = dataclasses.replace(PROFILE, lane_scales=(1.05, 1.0))  # a GPU's streams
+    assert ModeController(streams, MAX_K, alpha_prior=0.8).update(load(2)) == "overlap"

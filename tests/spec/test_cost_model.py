@@ -5,6 +5,7 @@ import pytest
 
 from faser.spec.cost_model import (
     CostProfile,
+    LaneTimers,
     cache_path,
     load_or_profile,
     profile,
@@ -128,3 +129,24 @@ def test_corrupt_or_mismatched_cache_is_measured_again(tmp_path):
         key, lambda n: 0.02 * n, None, points=(1, 2, 4), cache_dir=tmp_path, repeats=1
     )
     assert wider.target_points == (1, 2, 4)
+
+
+def test_lane_scales_are_measured_on_the_lanes_cached_and_applied(tmp_path):
+    key = profile_key("tiny", "cpu", "float32", 2, (1, 1))
+    lanes = LaneTimers(lambda n: 2 * (0.01 + 0.001 * n), lambda b: 1.5 * 0.001 * b)
+    args = dict(points=(1, 2, 4), draft_points=(1, 2), cache_dir=tmp_path, repeats=1)
+    without = load_or_profile(key, lambda n: 0.01 + 0.001 * n, lambda b: 0.001 * b, **args)
+    assert without.lane_scales is None  # no lanes: overlap is never costed on them
+    cost = load_or_profile(
+        key, lambda n: 0.01 + 0.001 * n, lambda b: 0.001 * b, lanes=lanes, **args
+    )
+    assert cost.lane_scales == pytest.approx((2.0, 1.5))  # the lane-less cache was not reused
+    assert cost.target_time(4, lane=True) == pytest.approx(2 * cost.target_time(4))
+    assert cost.draft_time(2, lane=True) == pytest.approx(1.5 * cost.draft_time(2))
+    assert CostProfile.from_json(cost.to_json()) == cost
+    assert "lanes=(1, 1)" in key
+
+
+def test_bad_lane_scales_name_the_field():
+    with pytest.raises(ValueError, match="lane_scales"):
+        CostProfile((1, 2), (1.0, 2.0), lane_scales=(0.0, 1.0))
