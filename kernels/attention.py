@@ -21,7 +21,7 @@ class KVGather:
     slots: torch.Tensor  # [num_seqs, max_kv] int64: cache slot of each key position (0: padding)
     mask: torch.Tensor | None  # [num_seqs, 1, max_q, max_kv] bool; None: every query sees all
     token_index: torch.Tensor | None  # [num_seqs, max_q] int64; None: equal q_lens, no padding
-    q_valid: torch.Tensor | None  # [num_seqs, max_q] bool; None with token_index
+    out_rows: torch.Tensor | None  # [num_tokens] int64: each token's row of the padded output
 
 
 def plan_kv_gather(
@@ -40,17 +40,18 @@ def plan_kv_gather(
     kv_valid = kv_pos[None, :] < seq_lens[:, None]
     slots = torch.where(kv_valid, slots, 0)
     q_pos = torch.arange(max_q, device=device)
-    token_index = q_valid = None
+    token_index = out_rows = None
     if min_q != max_q or max_q == 0:
         q_valid = q_pos[None, :] < q_lens[:, None]  # [num_seqs, max_q]
         token_index = torch.where(q_valid, cu_seqlens_q[:-1, None].long() + q_pos[None, :], 0)
+        out_rows = q_valid.view(-1).nonzero().view(-1)  # padded rows in flat (request) order
     mask = None
     if max_q > 1 or min_kv != max_kv:
         # query i of a request sits at absolute position seq_len - q_len + i and sees keys up to it
         q_abs = (seq_lens - q_lens)[:, None] + q_pos[None, :]  # [num_seqs, max_q]
         mask = (kv_pos[None, None, :] <= q_abs[:, :, None]) & kv_valid[:, None, :]
         mask = mask[:, None]
-    return KVGather(slots, mask, token_index, q_valid)
+    return KVGather(slots, mask, token_index, out_rows)
 
 
 def paged_attention_torch(
@@ -69,9 +70,12 @@ def paged_attention_torch(
     num_kv_heads = key_cache.shape[2]
     if gather is None:
         gather = plan_kv_gather(block_tables, seq_lens, cu_seqlens_q, key_cache.shape[1])
-    keys = key_cache.view(-1, num_kv_heads, head_dim)[gather.slots]  # [seqs, max_kv, kv_heads, d]
-    values = value_cache.view(-1, num_kv_heads, head_dim)[gather.slots]
-    num_seqs = gather.slots.shape[0]
+    num_seqs, max_kv = gather.slots.shape
+    # index_select, not advanced indexing: the same rows, copied about 3x faster on a CPU
+    slots = gather.slots.view(-1)
+    kv_shape = (num_seqs, max_kv, num_kv_heads, head_dim)
+    keys = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(kv_shape)
+    values = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(kv_shape)
     if gather.token_index is None:
         queries = query.reshape(num_seqs, num_tokens // max(num_seqs, 1), num_heads, head_dim)
     else:
@@ -84,9 +88,9 @@ def paged_attention_torch(
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
     ).transpose(1, 2)  # [num_seqs, max_q, num_heads, head_dim]
-    if gather.q_valid is None:
+    if gather.out_rows is None:
         return out.reshape(num_tokens, num_heads, head_dim)
-    return out[gather.q_valid]  # [num_tokens, num_heads, head_dim], in flat order
+    return out.reshape(-1, num_heads, head_dim).index_select(0, gather.out_rows)
 
 
 def paged_attention(
