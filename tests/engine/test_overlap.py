@@ -133,3 +133,15 @@ def test_lane_threads_are_checked():
         make_lanes("cpu", (1, 0))
     with pytest.raises(ValueError, match="lane_threads"):
         Lane("t", num_threads=0)
+
+
+def test_the_measured_profile_times_each_model_on_its_lane(tiny_models, tmp_path):
+    """With lanes, the profile also times each model on its own lane, so that the controller can
+    tell whether overlapping pays on this hardware (see tests/spec/test_controller.py)."""
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=SpecConfig(policy="faser", profile_cache_dir=str(tmp_path)),
+              lane_threads=(1, 1), num_kv_blocks=96, block_size=4, max_num_batched_tokens=16,
+              max_num_seqs=4)
+    cost = llm.engine.speculator.cost_model
+    assert cost.lane_scales is not None and min(cost.lane_scales) > 0
+    assert "lanes=(1, 1)" in cost.key
