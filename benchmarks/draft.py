@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from benchmarks.common import DEFAULT_PROMPTS
 from faser import LLM, SamplingParams, SpecConfig
 from faser.models.resolver import resolve_model
 from faser.runner.batch import Chunk
 
-SPEC_BENCH = Path("/work/shared/data/spec_bench_dev.jsonl")
 K_VALUES = (2, 4, 6)
 
 
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--draft", default="default-draft", help="draft name or directory")
-    parser.add_argument("--data", type=Path, default=SPEC_BENCH)
+    parser.add_argument("--data", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--num-prompts", type=int, default=26)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)

@@ -15,7 +15,8 @@ import yaml
 
 from tests.k8s.conftest import pod_templates
 
-CRD_PATH = Path("/work/shared/schemas/ray.io_rayservices.yaml")
+# the KubeRay CRD ships beside the repository, in ../shared
+CRD_PATH = Path(__file__).resolve().parents[3] / "shared" / "schemas" / "ray.io_rayservices.yaml"
 K8S_VERSION = "1.33.0"  # one of the versions kubernetes-validate ships schemas for
 
 
