@@ -11,17 +11,30 @@ import torch.nn.functional as F
 
 from faser_kernels.backend import use_triton
 
+# Requests with at most this many queries (decodes, verifications) share one padded SDPA call;
+# a longer prefill chunk gets a call of its own: padded into one batch with it, thirty decodes
+# would each compute a chunk's worth of query rows (a mixed step ran 20x slower that way)
+SHARED_MAX_Q = 16
+
 
 @dataclass(frozen=True, slots=True)
-class KVGather:
-    """Where the twin gathers each request's keys and queries from. It depends only on the step's
-    metadata, so it is planned once per forward and shared by every layer: on a CPU at batch 1
-    these index computations, repeated per layer, cost as much as the attention itself."""
+class KVGroup:
+    """Requests attended in one padded SDPA call, and where their keys and queries come from."""
 
     slots: torch.Tensor  # [num_seqs, max_kv] int64: cache slot of each key position (0: padding)
     mask: torch.Tensor | None  # [num_seqs, 1, max_q, max_kv] bool; None: every query sees all
     token_index: torch.Tensor | None  # [num_seqs, max_q] int64; None: equal q_lens, no padding
     out_rows: torch.Tensor | None  # [num_tokens] int64: each token's row of the padded output
+    tokens: torch.Tensor | None  # [num_tokens] int64: the group's rows of the flat batch; None: all
+
+
+@dataclass(frozen=True, slots=True)
+class KVGather:
+    """The twin's plan for one step. It depends only on the step's metadata, so it is made once
+    per forward and shared by every layer: on a CPU at batch 1 these index computations, repeated
+    per layer, cost as much as the attention itself."""
+
+    groups: tuple[KVGroup, ...]
 
 
 def plan_kv_gather(
@@ -30,6 +43,34 @@ def plan_kv_gather(
     cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
     block_size: int,
 ) -> KVGather:
+    q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    lengths = q_lens.tolist()
+    shared = [i for i, n in enumerate(lengths) if n <= SHARED_MAX_Q]
+    alone = [[i] for i, n in enumerate(lengths) if n > SHARED_MAX_Q]
+    subsets = ([shared] if shared else []) + alone
+    if len(subsets) == 1:
+        return KVGather((_plan_group(block_tables, seq_lens, cu_seqlens_q, block_size, None),))
+    groups = []
+    for subset in subsets:
+        index = torch.tensor(subset, device=seq_lens.device)
+        lens = q_lens[index].long()
+        starts = cu_seqlens_q[:-1][index].long()
+        cu = F.pad(lens.cumsum(0), (1, 0))
+        # the flat rows of the subset's tokens: start_i + 0 .. start_i + len_i - 1, in order
+        tokens = torch.repeat_interleave(starts - cu[:-1], lens) + torch.arange(
+            int(cu[-1]), device=seq_lens.device
+        )
+        groups.append(_plan_group(block_tables[index], seq_lens[index], cu, block_size, tokens))
+    return KVGather(tuple(groups))
+
+
+def _plan_group(
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,  # boundaries within the group's own tokens
+    block_size: int,
+    tokens: torch.Tensor | None,
+) -> KVGroup:
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
     max_q, min_q = int(q_lens.max()), int(q_lens.min())
     max_kv, min_kv = int(seq_lens.max()), int(seq_lens.min())
@@ -51,7 +92,7 @@ def plan_kv_gather(
         q_abs = (seq_lens - q_lens)[:, None] + q_pos[None, :]  # [num_seqs, max_q]
         mask = (kv_pos[None, None, :] <= q_abs[:, :, None]) & kv_valid[:, None, :]
         mask = mask[:, None]
-    return KVGather(slots, mask, token_index, out_rows)
+    return KVGroup(slots, mask, token_index, out_rows, tokens)
 
 
 def paged_attention_torch(
@@ -64,33 +105,50 @@ def paged_attention_torch(
     scale: float,
     gather: KVGather | None = None,  # planned once per forward; planned here when not given
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Gathers each request's keys into a padded batch and runs one SDPA call: on a CPU one fused
-    call beats a Python loop over requests once there are more than a handful."""
-    num_tokens, num_heads, head_dim = query.shape
-    num_kv_heads = key_cache.shape[2]
+    """Gathers each group's keys into a padded batch and runs one SDPA call per group: on a CPU
+    one fused call beats a Python loop over requests once there are more than a handful."""
     if gather is None:
         gather = plan_kv_gather(block_tables, seq_lens, cu_seqlens_q, key_cache.shape[1])
-    num_seqs, max_kv = gather.slots.shape
+    if len(gather.groups) == 1 and gather.groups[0].tokens is None:
+        return _attend_group(query, key_cache, value_cache, gather.groups[0], scale)
+    out = torch.empty_like(query)
+    for group in gather.groups:
+        part = _attend_group(query.index_select(0, group.tokens), key_cache, value_cache, group,
+                             scale)
+        out.index_copy_(0, group.tokens, part)
+    return out
+
+
+def _attend_group(
+    query: torch.Tensor,  # [group tokens, num_heads, head_dim]
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: KVGroup,
+    scale: float,
+) -> torch.Tensor:  # [group tokens, num_heads, head_dim]
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
+    num_seqs, max_kv = group.slots.shape
     # index_select, not advanced indexing: the same rows, copied about 3x faster on a CPU
-    slots = gather.slots.view(-1)
+    slots = group.slots.view(-1)
     kv_shape = (num_seqs, max_kv, num_kv_heads, head_dim)
     keys = key_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(kv_shape)
     values = value_cache.view(-1, num_kv_heads, head_dim).index_select(0, slots).view(kv_shape)
-    if gather.token_index is None:
+    if group.token_index is None:
         queries = query.reshape(num_seqs, num_tokens // max(num_seqs, 1), num_heads, head_dim)
     else:
-        queries = query[gather.token_index]  # [num_seqs, max_q, num_heads, head_dim]
+        queries = query[group.token_index]  # [num_seqs, max_q, num_heads, head_dim]
     out = F.scaled_dot_product_attention(
         queries.transpose(1, 2),
         keys.transpose(1, 2),
         values.transpose(1, 2),
-        attn_mask=gather.mask,
+        attn_mask=group.mask,
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
     ).transpose(1, 2)  # [num_seqs, max_q, num_heads, head_dim]
-    if gather.out_rows is None:
+    if group.out_rows is None:
         return out.reshape(num_tokens, num_heads, head_dim)
-    return out.reshape(-1, num_heads, head_dim).index_select(0, gather.out_rows)
+    return out.reshape(-1, num_heads, head_dim).index_select(0, group.out_rows)
 
 
 def paged_attention(

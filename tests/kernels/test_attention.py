@@ -25,6 +25,7 @@ CASES = [
     AttentionCase(4, 2, 16, 4, q_lens=(2, 0, 3), context_lens=(3, 5, 0)),  # a request sits out
     AttentionCase(4, 2, 16, 4, q_lens=(1, 1), context_lens=(9, 9)),  # no mask, no query gather
     AttentionCase(4, 2, 16, 4, q_lens=(3, 3), context_lens=(5, 20)),  # equal q_lens, masked
+    AttentionCase(4, 2, 16, 4, q_lens=(20, 1, 30, 2), context_lens=(3, 9, 0, 14)),  # 3 groups
 ]
 
 
