@@ -28,6 +28,7 @@ from deployments.metrics import (
     NUM_DRAFT_TOKENS,
     NUM_DRAFTS,
     NUM_PRUNED,
+    NUM_REQUEST_STEPS,
     NUM_RUNNING,
     NUM_SLO_MET,
     NUM_SLO_REQUESTS,
@@ -123,7 +124,7 @@ def panels() -> tuple[Panel, ...]:
             Query(f"{_rate(NUM_ACCEPTED_TOKENS)} / {_rate(NUM_DRAFT_TOKENS)}", "accepted/drafted"),
         ), "percentunit"),
         Panel("Speculation length k", (
-            Query(f"{_rate(K, 'replica', 'sum')} / {_rate(K, 'replica', 'count')}",
+            Query(f"{_rate(NUM_DRAFT_TOKENS, 'replica')} / {_rate(NUM_REQUEST_STEPS, 'replica')}",
                   "mean {{replica}}"),
             *(Query(q.expr, f"k {q.legend}") for q in _quantiles(K)),
         ), description="Draft tokens proposed per request-step (0: plain decoding)."),

@@ -83,6 +83,12 @@ NUM_PRUNED = _counter(
     "faser_spec_decode_num_pruned_positions",
     "Target positions never computed thanks to early pruning.",
 )
+# mean k = draft tokens / request-steps: exact, where the k histogram's _sum (as Ray exports it)
+# counted a k = 0 step at its bucket's middle, 0.25
+NUM_REQUEST_STEPS = _counter(
+    "faser_spec_decode_num_request_steps",
+    "Decoding request-steps, one per request per step, speculating or not.",
+)
 NUM_SLO_REQUESTS = _counter("faser_slo_requests", "Finished requests that carried an SLO.")
 NUM_SLO_MET = _counter("faser_slo_met", "Finished requests that met their TTFT and TPOT targets.")
 GENERATION_TOKENS = _counter("faser_generation_tokens", "Output tokens streamed.")
@@ -114,8 +120,8 @@ E2E = _histogram(
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, NUM_ACCEPTED_PER_POS, NUM_PRUNED,
-    NUM_SLO_REQUESTS, NUM_SLO_MET, GENERATION_TOKENS, PROMPT_TOKENS, MODE, NUM_RUNNING,
-    NUM_WAITING, KV_USAGE, ALPHA,
+    NUM_REQUEST_STEPS, NUM_SLO_REQUESTS, NUM_SLO_MET, GENERATION_TOKENS, PROMPT_TOKENS, MODE,
+    NUM_RUNNING, NUM_WAITING, KV_USAGE, ALPHA,
     K, TTFT, TPOT, E2E,
 )
 # engine totals (SpecStats fields) that feed a counter of the same meaning
@@ -124,6 +130,7 @@ _TOTALS: tuple[tuple[MetricSpec, str], ...] = (
     (NUM_DRAFT_TOKENS, "num_draft_tokens"),
     (NUM_ACCEPTED_TOKENS, "num_accepted_tokens"),
     (NUM_PRUNED, "num_pruned_positions"),
+    (NUM_REQUEST_STEPS, "num_steps"),
     (NUM_SLO_REQUESTS, "num_slo_requests"),
     (NUM_SLO_MET, "num_slo_met"),
 )

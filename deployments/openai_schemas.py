@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from faser.config import POLICIES
 
@@ -23,10 +23,26 @@ class _Request(BaseModel):
 
 
 class SpeculationOptions(_Request):
-    """The `speculation` extension: override the replica's policy for one request."""
+    """The `speculation` extension: override the replica's policy for one request. The policy
+    may carry its k as the engine and the benchmarks write it: "fixed:4" is
+    {"policy": "fixed", "max_k": 4}."""
 
     policy: Literal[POLICIES] | None = None  # type: ignore[valid-type]
     max_k: int | None = Field(default=None, ge=0, le=16)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_k(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("policy"), str):
+            return data
+        name, colon, k_text = data["policy"].partition(":")
+        if not colon:
+            return data
+        if not k_text.isdigit():
+            raise ValueError(f"policy {data['policy']!r}: the k after ':' must be an integer")
+        if data.get("max_k") is not None and data["max_k"] != int(k_text):
+            raise ValueError(f"policy {data['policy']!r} contradicts max_k={data['max_k']}")
+        return {**data, "policy": name, "max_k": int(k_text)}
 
 
 class SloOptions(_Request):

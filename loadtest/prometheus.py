@@ -20,7 +20,8 @@ from typing import Any
 # a counter's; mean acceptance length is 1 + accepted / drafts, as vLLM derives it
 DEFAULT_QUERIES = {
     "mode": "max(ray_faser_spec_mode)",
-    "k": "sum(rate(ray_faser_spec_k_sum[30s])) / sum(rate(ray_faser_spec_k_count[30s]))",
+    "k": "sum(rate(ray_faser_spec_decode_num_draft_tokens_total[30s]))"
+    " / sum(rate(ray_faser_spec_decode_num_request_steps_total[30s]))",
     "replicas": 'sum(ray_serve_deployment_replica_healthy{deployment="FaserEngine"})',
     "acceptance_length": "1 + sum(rate(ray_faser_spec_decode_num_accepted_tokens_total[30s]))"
     " / sum(rate(ray_faser_spec_decode_num_drafts_total[30s]))",

@@ -1,5 +1,7 @@
 """AppArgs (serve run arguments) and the OpenAI request schemas, without Ray or a model."""
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -83,3 +85,19 @@ def test_text_deltas_hold_back_a_partial_stop_string_and_incomplete_characters()
     assert trimmed.delta("ab EN", finished=False) == "ab "
     assert trimmed.delta("ab ", finished=True) == ""
     assert trimmed.sent == "ab "
+
+
+def test_speculation_policy_may_carry_its_k():
+    body = {"model": "m", "prompt": "hi", "speculation": {"policy": "fixed:4"}}
+    request = CompletionRequest.model_validate_json(json.dumps(body))
+    assert (request.speculation.policy, request.speculation.max_k) == ("fixed", 4)
+
+
+@pytest.mark.parametrize("speculation", [
+    {"policy": "fixed:x"}, {"policy": "fixed:4", "max_k": 3}, {"policy": "nope:4"},
+    {"policy": "fixed:17"},
+])
+def test_bad_policy_with_k_is_rejected(speculation):
+    body = {"model": "m", "prompt": "hi", "speculation": speculation}
+    with pytest.raises(ValidationError, match="policy|max_k"):
+        CompletionRequest.model_validate_json(json.dumps(body))
