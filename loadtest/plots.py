@@ -72,10 +72,10 @@ def plot_metrics(runs: list[RunData], path: Path) -> Path | None:
         return None
     fig, axes = _figure(len(names), "Server metrics")
     for ax, name in zip(axes, names, strict=True):
-        for run in runs:
+        for i, run in enumerate(runs):
             points = run.metrics.get(name, [])
-            if points:
+            if points:  # a run keeps its colour in every panel, with or without the series
                 ax.step([t - run.t0 for t, _ in points], [v for _, v in points],
-                        where="post", label=run.name)
+                        where="post", label=run.name, color=f"C{i}")
         ax.set_ylabel(name)
     return _save(fig, path)
