@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from benchmarks.common import DEFAULT_PROMPTS
+from benchmarks.common import DEFAULT_PROMPTS, chat_ids
 from faser import LLM, SamplingParams, SpecConfig
 from faser.models.resolver import resolve_model
 from faser.runner.batch import Chunk
@@ -42,13 +42,6 @@ def load_prompts(path: Path, num_prompts: int) -> list[tuple[str, str]]:
             if queue and len(picked) < num_prompts:
                 picked.append(queue.pop(0))
     return picked
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    chat = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
-    )
-    return tokenizer.encode(chat, add_special_tokens=False)
 
 
 def run_fixed(args, k: int, prompts: list[list[int]]) -> list:

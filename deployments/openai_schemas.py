@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from faser.config import POLICIES
+from faser.config import POLICIES, parse_policy
 
 MAX_STOP_STRINGS = 4
 
@@ -35,14 +35,12 @@ class SpeculationOptions(_Request):
     def _split_k(cls, data: Any) -> Any:
         if not isinstance(data, dict) or not isinstance(data.get("policy"), str):
             return data
-        name, colon, k_text = data["policy"].partition(":")
-        if not colon:
+        if ":" not in data["policy"]:
             return data
-        if not k_text.isdigit():
-            raise ValueError(f"policy {data['policy']!r}: the k after ':' must be an integer")
-        if data.get("max_k") is not None and data["max_k"] != int(k_text):
+        name, k = parse_policy(data["policy"], default_k=0)
+        if data.get("max_k") is not None and data["max_k"] != k:
             raise ValueError(f"policy {data['policy']!r} contradicts max_k={data['max_k']}")
-        return {**data, "policy": name, "max_k": int(k_text)}
+        return {**data, "policy": name, "max_k": k}
 
 
 class SloOptions(_Request):

@@ -45,6 +45,8 @@ def parse_policy(policy: str, default_k: int) -> tuple[str, int]:
     name, _, k_text = policy.partition(":")
     if name not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if k_text and not k_text.isdigit():
+        raise ValueError(f"policy {policy!r}: the k after ':' must be an integer")
     k = int(k_text) if k_text else default_k
     if not 0 <= k <= 16:
         raise ValueError(f"num_speculative_tokens must lie in [0, 16], got {k}")

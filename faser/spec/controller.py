@@ -136,27 +136,26 @@ class ModeController:
                 level = signal_level
         if not self.allow_overlap:
             level = max(level, 1)
-        if level == 0 and not self._overlap_wins(load, alpha):
-            level = 1  # the lanes' smaller shares of the device cost more than drafting hides
-        if level < 2 and not self._pays(load, alpha, overlap=level == 0):
-            level = 2
+        if level < 2:
+            level = self._paying_level(level, load, alpha)
         return LEVELS[level]
 
-    def _pays(self, load: LoadView, alpha: float, *, overlap: bool) -> bool:
-        """Would the goodput model speculate for a batch of this size at this acceptance?"""
-        if load.num_running == 0 or self.max_k == 0:
-            return self.max_k > 0
-        gain = self.config.pay_margin if self.mode == "off" else 0.0
-        return self._best(load, alpha, overlap=overlap, min_gain=gain).speculates
-
-    def _overlap_wins(self, load: LoadView, alpha: float) -> bool:
-        """Does the best overlapped step beat the best sequential one (one request when idle)?"""
+    def _paying_level(self, level: int, load: LoadView, alpha: float) -> int:
+        """`level` (0 overlap, 1 prune) as far as the goodput model says it pays: overlap only
+        where the best overlapped step beats the best sequential one (the lanes' smaller shares
+        of the device can cost more than drafting hides), 2 (off) where no speculation pays."""
         if self.max_k == 0:
-            return False
-        if load.num_running == 0:
+            return 2
+        idle = load.num_running == 0
+        if idle:  # nothing to pay for yet: judge overlap for one request
             load = replace(load, num_running=1)
-        overlapped = self._best(load, alpha, overlap=True)
-        return overlapped.speculates and overlapped.goodput > self._best(load, alpha).goodput
+        gain = self.config.pay_margin if self.mode == "off" and not idle else 0.0
+        sequential = self._best(load, alpha, min_gain=gain)
+        if level == 0:
+            overlapped = self._best(load, alpha, overlap=True, min_gain=gain)
+            if overlapped.speculates and overlapped.goodput > sequential.goodput:
+                return 0
+        return 1 if idle or sequential.speculates else 2
 
     def _best(
         self, load: LoadView, alpha: float, *, overlap: bool = False, min_gain: float = 0.0
