@@ -26,6 +26,11 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-4)
     p.add_argument("--layers", default="0,1", help="target layers the draft starts from")
+    p.add_argument(
+        "--feature-layers", default="",
+        help="train a feature draft (EAGLE-style) reading these target layers' outputs, e.g. "
+        "30 for a 30-layer target's final hidden state (default: a standalone draft)",
+    )
     p.add_argument("--output-vocab", type=int, default=8192)
     p.add_argument("--top-k", type=int, default=32, help="target candidates in the soft labels")
     p.add_argument("--threads", type=int, default=2)
@@ -47,11 +52,12 @@ def _run_distill(args: argparse.Namespace) -> int:
         epochs=args.epochs, lr=args.lr, time_budget_s=60 * args.train_minutes, seed=args.seed
     )
     layers = tuple(int(x) for x in args.layers.split(",") if x.strip())
+    feature_layers = tuple(int(x) for x in args.feature_layers.split(",") if x.strip())
     summary = distill(
         DistillConfig(
             target=args.target, out=args.out, generation=generation, train=train,
-            layer_ids=layers, output_vocab=args.output_vocab, top_k=args.top_k,
-            num_threads=args.threads, work_dir=args.work_dir,
+            layer_ids=layers, feature_layers=feature_layers, output_vocab=args.output_vocab,
+            top_k=args.top_k, num_threads=args.threads, work_dir=args.work_dir,
         )
     )
     print(f"best held-out greedy agreement: {summary['best_held_out_agreement']:.3f}")

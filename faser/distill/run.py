@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from faser.distill.feature_model import build_feature_draft, export_feature_draft
 from faser.distill.generate import GenerationConfig, generate_data
 from faser.distill.model import build_draft, export_draft
 from faser.distill.teacher import teacher_labels
@@ -27,7 +28,10 @@ class DistillConfig:
     out: Path
     generation: GenerationConfig
     train: TrainConfig = field(default_factory=TrainConfig)
-    layer_ids: tuple[int, ...] = (0, 1)
+    layer_ids: tuple[int, ...] = (0, 1)  # target layers the draft's layers start from
+    # non-empty: a feature draft (EAGLE-style) reading these target layers' outputs (Hugging
+    # Face hidden_states numbering; the target's layer count is its final output)
+    feature_layers: tuple[int, ...] = ()
     output_vocab: int = 8192
     top_k: int = 32
     num_threads: int = 2
@@ -56,18 +60,31 @@ def distill(config: DistillConfig) -> dict:
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     if max(config.layer_ids) >= target.config.num_hidden_layers:
         raise ValueError(f"layer_ids: the target has {target.config.num_hidden_layers} layers")
-    labels = teacher_labels(target, records, config.top_k, work / f"top{config.top_k}.pt")
+    num_layers = target.config.num_hidden_layers
+    if any(not 1 <= i <= num_layers for i in config.feature_layers):
+        raise ValueError(f"feature_layers: the target has layers 1..{num_layers}")
+    suffix = "".join(f"-f{i}" for i in config.feature_layers)
+    labels = teacher_labels(
+        target, records, config.top_k, work / f"top{config.top_k}{suffix}.pt",
+        feature_layers=config.feature_layers,
+    )
     held = set([i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY])
     train_set = [x for i, x in enumerate(labels) if i not in held]
     eos = {int(t) for t in [target.config.eos_token_id] if t is not None}
     token_map = select_token_map(train_set, config.output_vocab, target.config.vocab_size, eos)
-    draft = build_draft(target, list(config.layer_ids), token_map)
+    if config.feature_layers:
+        draft = build_feature_draft(
+            target, config.feature_layers, list(config.layer_ids), token_map
+        )
+        write = export_feature_draft
+    else:
+        draft, write = build_draft(target, list(config.layer_ids), token_map), export_draft
     del target
     provenance = _provenance(config, records, generation_s)
 
     def export(summary: dict) -> None:
         info = {**provenance, "training": summary, "elapsed_s": time.monotonic() - started}
-        export_draft(draft, token_map, config.out, info)
+        write(draft, token_map, config.out, info)
 
     summary = train_draft(
         draft, train_set, [labels[i] for i in sorted(held)], token_map, config.train, export
@@ -87,6 +104,7 @@ def _provenance(config: DistillConfig, records: list[dict], generation_s: float)
             "generation": asdict(config.generation),
             "train": asdict(config.train),
             "layer_ids": list(config.layer_ids),
+            "feature_layers": list(config.feature_layers),
             "output_vocab": config.output_vocab,
             "top_k": config.top_k,
         },

@@ -1,5 +1,6 @@
 """The target's top-k next-token distribution at every answer position, computed once (one
-batched forward pass per group of sequences, far cheaper per token than decoding) and cached."""
+batched forward pass per group of sequences, far cheaper per token than decoding) and cached;
+for a feature draft also the target's features at every position (the same pass)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,18 @@ class TeacherLabels:
     first: int  # position predicting the answer's first token (len(prompt) - 1)
     top_ids: torch.Tensor  # [num_positions, k] int32 target ids, best first
     top_logprobs: torch.Tensor  # [num_positions, k] float16, log-softmax over the full vocab
+    # [seq, len(feature_layers) * hidden] float16: what a feature draft reads (see
+    # LlamaForCausalLM.forward_features); None for a standalone draft
+    features: torch.Tensor | None = None
 
 
 def teacher_labels(
-    target, records: list[dict], top_k: int, cache: Path, batch_tokens: int = 2048
+    target,
+    records: list[dict],
+    top_k: int,
+    cache: Path,
+    batch_tokens: int = 2048,
+    feature_layers: tuple[int, ...] = (),
 ) -> list[TeacherLabels]:
     """Labels for every record. Records only ever get appended, so `cache` holds the labels of a
     prefix of them and only the rest are computed (and the cache extended)."""
@@ -32,8 +41,8 @@ def teacher_labels(
     new: list[TeacherLabels | None] = [None] * len(todo)
     with tqdm(total=len(todo), desc="distill: target top-k labels") as bar:
         for group in _groups(order, todo, batch_tokens):
-            for i, label in zip(group, _label_group(target, [todo[i] for i in group], top_k),
-                                strict=True):
+            group_labels = _label_group(target, [todo[i] for i in group], top_k, feature_layers)
+            for i, label in zip(group, group_labels, strict=True):
                 new[i] = label
             bar.update(len(group))
     labels = done + new  # type: ignore[operator]
@@ -43,21 +52,40 @@ def teacher_labels(
 
 
 @torch.inference_mode()
-def _label_group(target, records: list[dict], top_k: int) -> list[TeacherLabels]:
+def _label_group(
+    target, records: list[dict], top_k: int, feature_layers: tuple[int, ...]
+) -> list[TeacherLabels]:
     seqs = [torch.tensor(r["prompt_ids"] + r["response_ids"]) for r in records]
     width = max(s.numel() for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
     for row, s in enumerate(seqs):
         ids[row, : s.numel()], mask[row, : s.numel()] = s, 1
-    hidden = target.model(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state
+    outputs = target.model(
+        input_ids=ids, attention_mask=mask, use_cache=False,
+        output_hidden_states=bool(feature_layers),
+    )
+    hidden = outputs.last_hidden_state
+    features = _features(outputs.hidden_states, feature_layers) if feature_layers else None
     out = []
     for row, (r, s) in enumerate(zip(records, seqs, strict=True)):
         first = len(r["prompt_ids"]) - 1
         logits = target.lm_head(hidden[row, first : s.numel() - 1]).float()  # [n, vocab]
         top = torch.log_softmax(logits, dim=-1).topk(top_k, dim=-1)
-        out.append(TeacherLabels(s, first, top.indices.int(), top.values.half()))
+        row_features = None if features is None else features[row, : s.numel()].half()
+        out.append(TeacherLabels(s, first, top.indices.int(), top.values.half(), row_features))
     return out
+
+
+def _features(hidden_states: tuple, layers: tuple[int, ...]) -> torch.Tensor:
+    """As LlamaForCausalLM.forward_features computes them in the engine: inner layers RMS-scaled,
+    the last (Hugging Face's final entry, already normed) as is."""
+    from faser.models.llama import rms_scale
+
+    last = len(hidden_states) - 1
+    return torch.cat(
+        [hidden_states[i] if i == last else rms_scale(hidden_states[i]) for i in layers], dim=-1
+    )
 
 
 def _groups(order: list[int], records: list[dict], batch_tokens: int) -> list[list[int]]:

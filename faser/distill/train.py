@@ -125,15 +125,36 @@ def _answer_logits(draft, batch: list[TeacherLabels]) -> torch.Tensor:  # [posit
     mask = torch.zeros(len(batch), width, dtype=torch.long)
     for row, x in enumerate(batch):
         ids[row, : x.token_ids.numel()], mask[row, : x.token_ids.numel()] = x.token_ids, 1
-    logits = draft(ids, mask)  # [batch, width, out_vocab]
-    rows = [logits[row, x.first : x.token_ids.numel() - 1] for row, x in enumerate(batch)]
-    return torch.cat(rows)
+    if getattr(draft, "reads_features", False):  # a feature draft also reads the target's
+        logits = draft(ids, mask, _padded_features(batch, width))
+    else:
+        logits = draft(ids, mask)  # [batch, width, out_vocab]
+    # a feature draft in training adds passes that read its own guesses, stacked along dim 0
+    passes = logits.shape[0] // len(batch)
+    rows = [
+        logits[p * len(batch) + row, x.first : x.token_ids.numel() - 1]
+        for p in range(passes)
+        for row, x in enumerate(batch)
+    ]
+    return torch.cat(rows)  # [passes * positions, out_vocab]
+
+
+def _padded_features(batch: list[TeacherLabels], width: int) -> torch.Tensor:
+    if any(x.features is None for x in batch):
+        raise ValueError("a feature draft trains on labels with the target's features")
+    dim = batch[0].features.shape[-1]
+    out = torch.zeros(len(batch), width, dim)
+    for row, x in enumerate(batch):
+        out[row, : x.token_ids.numel()] = x.features.float()
+    return out  # [batch, width, feature_dim]
 
 
 def _loss(draft, batch: list[TeacherLabels], to_draft: torch.Tensor, hard_weight: float):
     logq = torch.log_softmax(_answer_logits(draft, batch).float(), dim=-1)  # [n, out_vocab]
-    top_ids = torch.cat([x.top_ids for x in batch]).long()  # [n, k] target ids
-    top_p = torch.cat([x.top_logprobs for x in batch]).float().exp()  # [n, k]
+    top_ids = torch.cat([x.top_ids for x in batch]).long()  # [positions, k] target ids
+    top_p = torch.cat([x.top_logprobs for x in batch]).float().exp()  # [positions, k]
+    passes = logq.shape[0] // top_ids.shape[0]
+    top_ids, top_p = top_ids.repeat(passes, 1), top_p.repeat(passes, 1)  # [n, k]
     idx = _lookup(to_draft, top_ids)  # [n, k] draft rows, -1 outside the draft's vocabulary
     hard = F.nll_loss(logq, idx[:, 0], ignore_index=-1)
     inside = idx >= 0

@@ -61,6 +61,8 @@ class LLMEngine:
             draft = ModelRunner(
                 self.pair.draft, num_blocks, config.block_size, config.device, options
             )
+            if draft.reads_features:  # every target forward also hands the draft its features
+                self.target.feature_layers = self.pair.draft.feature_layers
         self.scheduler = Scheduler(config, self.blocks)
         profiler = (lambda: self._profile(draft)) if draft is not None else None
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)

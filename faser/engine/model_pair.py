@@ -58,6 +58,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
+        check_features(target, draft)
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
@@ -96,6 +97,23 @@ def check_vocab(target: nn.Module, draft: nn.Module, token_map: torch.Tensor | N
         or int(token_map.max()) >= target_vocab
     ):
         raise ValueError("draft_model token map does not fit the target's vocabulary")
+
+
+def check_features(target: nn.Module, draft: nn.Module) -> None:
+    """A feature draft reads target layers that exist, at the target's width."""
+    if not getattr(draft, "reads_features", False):
+        return
+    if draft.config.hidden_size != target.config.hidden_size:
+        raise ValueError(
+            f"draft_model reads the target's features at width {draft.config.hidden_size}; "
+            f"the target's hidden size is {target.config.hidden_size}"
+        )
+    num_layers = len(target.layers)
+    if any(not 1 <= i <= num_layers for i in draft.feature_layers):
+        raise ValueError(
+            f"draft_model reads target layers {list(draft.feature_layers)}; the target has "
+            f"layers 1..{num_layers}"
+        )
 
 
 def _load_token_map(draft_dir: Path) -> torch.Tensor | None:

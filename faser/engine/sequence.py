@@ -10,6 +10,7 @@ import torch
 
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
+from faser.spec.features import TargetFeatures
 from faser.spec.state import SpecState
 
 
@@ -31,6 +32,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # shared by the target and draft caches
     num_cached: int = 0  # positions held in the target's KV cache
     num_draft_cached: int = 0  # positions held in the draft's KV cache
+    features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
     text: str = ""

@@ -18,6 +18,12 @@ from faser.layers.rotary import RotaryEmbedding, apply_rotary
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def rms_scale(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x over its root mean square (an RMSNorm with no weight): a residual stream's scale grows
+    with depth, a feature draft reads every tapped layer at one scale."""
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg) -> None:
         super().__init__()
@@ -110,11 +116,32 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: KVCaches,
         meta: AttentionMetadata,
     ) -> torch.Tensor:  # [num_tokens, hidden], after the final norm
+        return self.forward_features(input_ids, positions, kv_caches, meta, ())[0]
+
+    def forward_features(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The final hidden state and, for a feature draft, the residual stream after each layer
+        in `feature_layers` (Hugging Face's hidden_states numbering: i is after layer i, and
+        num_layers is the final, normed output), RMS-scaled and concatenated:
+        [num_tokens, len(feature_layers) * hidden]; None when no layer is asked for."""
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        taken: dict[int, torch.Tensor] = {}
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden = layer(rope, hidden, kv_cache, meta)
-        return self.norm(hidden)
+            if i + 1 in feature_layers and i + 1 < len(self.layers):
+                taken[i + 1] = rms_scale(hidden)
+        out = self.norm(hidden)
+        if not feature_layers:
+            return out, None
+        taken[len(self.layers)] = out
+        return out, torch.cat([taken[i] for i in feature_layers], dim=-1)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, out vocab]
         return self.lm_head(hidden).float()

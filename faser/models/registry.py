@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from faser.models.feature_draft import FeatureDraft, is_feature_draft
 from faser.models.llama import LlamaForCausalLM
 
 # model_type -> model class; all of these share the Llama layout (Qwen2 adds q/k/v biases, Qwen3
@@ -23,4 +24,6 @@ def model_class(hf_config) -> type[nn.Module]:
             f"unsupported architecture: model_type {model_type!r} "
             f"(supported: {sorted(MODEL_REGISTRY)})"
         )
+    if is_feature_draft(hf_config):  # a draft that reads the target's features (EAGLE-style)
+        return FeatureDraft
     return MODEL_REGISTRY[model_type]

@@ -3,11 +3,12 @@
 Each request contributes a chunk: consecutive tokens starting at some position (a prefill chunk, a
 single decode token, or the last token plus k draft tokens to verify). Chunks are concatenated into
 one [num_tokens] batch; `cu_seqlens_q` marks the boundaries and `slot_mapping` the cache slot each
-token writes, so requests with different k share the pass with no padding."""
+token writes, so requests with different k share the pass with no padding. A draft that reads the
+target's features (faser.models.feature_draft) also gets one feature row per token."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +23,9 @@ class Chunk:
     start_pos: int
     block_table: list[int]
     num_logits: int  # logits wanted for the chunk's last num_logits tokens (0 .. len)
+    # [len(token_ids), hidden]: the feature each token reads (feature drafts only; None reads
+    # zeros, as the cost profile's timing runs do)
+    features: torch.Tensor | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +34,12 @@ class FlatBatch:
     positions: torch.Tensor  # [num_tokens] int64
     meta: AttentionMetadata
     logit_indices: torch.Tensor  # [num_logits] int64: rows of the flat batch whose logits we want
+    features: torch.Tensor | None = None  # [num_tokens, feature_dim] when asked for
 
 
-def build_batch(chunks: list[Chunk], block_size: int, device: str) -> FlatBatch:
+def build_batch(
+    chunks: list[Chunk], block_size: int, device: str, feature_dim: int | None = None
+) -> FlatBatch:
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -63,4 +70,16 @@ def build_batch(chunks: list[Chunk], block_size: int, device: str) -> FlatBatch:
     if not use_triton(seq_lens_t):
         gather = plan_kv_gather(block_tables, seq_lens_t, cu_seqlens_q, block_size)
     meta = AttentionMetadata(tensor(slots), block_tables, seq_lens_t, cu_seqlens_q, gather)
-    return FlatBatch(tensor(input_ids), tensor(positions), meta, tensor(logit_indices))
+    features = None if feature_dim is None else _features(chunks, feature_dim, device)
+    return FlatBatch(tensor(input_ids), tensor(positions), meta, tensor(logit_indices), features)
+
+
+def _features(chunks: list[Chunk], dim: int, device: str) -> torch.Tensor:
+    # a feature draft reads the target's features (dim) or, drafting on, its own guesses
+    dim = next((c.features.shape[1] for c in chunks if c.features is not None), dim)
+    rows = [
+        c.features.to(device=device, dtype=torch.float32) if c.features is not None
+        else torch.zeros(len(c.token_ids), dim, device=device)
+        for c in chunks
+    ]
+    return torch.cat(rows)

@@ -38,6 +38,9 @@ class ModelRunner:
             dtype, device,
         )
         self.num_positions_computed = 0  # tokens this model has run over, for pruning figures
+        # the target of a feature draft: the layers whose output the draft reads (see
+        # LlamaForCausalLM.forward_features); forwards then also return those features
+        self.feature_layers: tuple[int, ...] = ()
         options = options or RunnerOptions()
         self.options = options
         self._forward = torch.compile(model, dynamic=True) if options.compile else model
@@ -54,15 +57,32 @@ class ModelRunner:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    @torch.inference_mode()
+    @property
+    def reads_features(self) -> bool:
+        """The model is a feature draft: each fed token also reads a feature row."""
+        return getattr(self.model, "reads_features", False)
+
     def forward(self, chunks: list[Chunk]) -> torch.Tensor:  # [num_logits, vocab] float32
-        batch = build_batch(chunks, self.block_size, self.device)
+        return self.forward_hidden(chunks)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits [num_logits, vocab] and a row per fed token: the features a feature draft
+        reads when `feature_layers` names some (the target of such a draft), else the last
+        hidden state (for a feature draft, its guess of the target's)."""
+        width = self.model.feature_dim if self.reads_features else None
+        batch = build_batch(chunks, self.block_size, self.device, width)
         self.num_positions_computed += batch.input_ids.numel()
-        if self.graphs is not None and self.graphs.fits(batch):
-            hidden = self.graphs.run(batch)
+        args = (batch.input_ids, batch.positions, self.kv_caches, batch.meta)
+        if batch.features is not None:
+            hidden = rows = self._forward(*args, batch.features)
+        elif self.feature_layers:
+            hidden, rows = self.model.forward_features(*args, self.feature_layers)
+        elif self.graphs is not None and self.graphs.fits(batch):
+            hidden = rows = self.graphs.run(batch)
         else:
-            hidden = self._forward(batch.input_ids, batch.positions, self.kv_caches, batch.meta)
-        return self.model.compute_logits(hidden[batch.logit_indices])
+            hidden = rows = self._forward(*args)
+        return self.model.compute_logits(hidden[batch.logit_indices]), rows
 
     def synchronize(self) -> None:
         """Waits for the device's queued work (CUDA runs asynchronously): before reading a clock."""

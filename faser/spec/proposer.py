@@ -3,7 +3,12 @@
 Iteration 0 feeds each request every token its draft cache lacks (usually the newest one or two,
 the whole prompt after a prefill) and iteration j > 0 feeds the previous draft token; request i
 leaves after k_i tokens, or earlier when the draft's cumulative confidence in its own guesses
-falls below a threshold (the guesses past that point would almost surely be rejected)."""
+falls below a threshold (the guesses past that point would almost surely be rejected).
+
+A feature draft (faser.models.feature_draft) also reads, for each committed token it is fed, the
+target's hidden state before it, and for each of its own guesses its own output of the previous
+iteration. The cache rows it wrote from its own guesses are not trusted past the step: the next
+proposal feeds the accepted tokens again, with the target's features."""
 
 from __future__ import annotations
 
@@ -49,10 +54,18 @@ class Proposer:
         q_rows: list[list[torch.Tensor]] = [[] for _ in seqs]
         cumulative = [1.0] * len(seqs)
         active = [i for i, k in enumerate(max_k) if k > 0]
+        committed = {i: seqs[i].num_tokens for i in active}
+        guesses: dict[int, torch.Tensor] = {}  # a feature draft's own last output per request
         step = 0
         while active:
-            chunks = [self._chunk(seqs[i], step, proposal.draft_token_ids[i]) for i in active]
-            logits = self.runner.forward(chunks)  # [num_active, draft_vocab]
+            chunks = [
+                self._chunk(seqs[i], step, proposal.draft_token_ids[i], guesses.get(i))
+                for i in active
+            ]
+            logits, hidden = self.runner.forward_hidden(chunks)  # [num_active, draft_vocab]
+            if self.runner.reads_features:
+                ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
+                guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))
             params = [seqs[i].params for i in active]
             probs = request_probs(logits, params)
             rows = self._to_target_vocab(probs, float("-inf"))
@@ -72,6 +85,10 @@ class Proposer:
         for i, q in enumerate(q_rows):
             if q:
                 proposal.draft_probs[i] = torch.stack(q)
+        if self.runner.reads_features:
+            for i, n in committed.items():  # rows from its own guesses are redone next time
+                seqs[i].num_draft_cached = n
+                seqs[i].features.forget_before(n - 1)
         return proposal
 
     def extend(
@@ -80,7 +97,10 @@ class Proposer:
         """One draft forward: the next token after each context (committed tokens, then any
         drafts assumed to follow them), with its q row (sampled requests; [target_vocab]) and
         its confidence. The draft cache must hold contexts[i][:seqs[i].num_draft_cached]; the
-        rest is fed in one chunk (the newest token is fed again when nothing is missing)."""
+        rest is fed in one chunk (the newest token is fed again when nothing is missing).
+        Not for feature drafts, which cannot guess past what the target has read."""
+        if self.runner.reads_features:
+            raise ValueError("a feature draft cannot draft ahead of the target (no overlap)")
         chunks = []
         for seq, context in zip(seqs, contexts, strict=True):
             start = min(seq.num_draft_cached, len(context) - 1)
@@ -97,16 +117,22 @@ class Proposer:
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
 
-    @staticmethod
-    def _chunk(seq: SpecRequest, step: int, drafted: list[int]) -> Chunk:
+    def _chunk(
+        self, seq: SpecRequest, step: int, drafted: list[int], guess: torch.Tensor | None
+    ) -> Chunk:
+        features = None
         if step == 0:
             start = seq.num_draft_cached
             tokens = seq.token_ids[start:]
+            if self.runner.reads_features:
+                features = seq.features.read(start - 1, seq.num_tokens - 1)
         else:
             start = seq.num_tokens + step - 1
             tokens = [drafted[-1]]
+            if guess is not None:
+                features = guess[None]
         seq.num_draft_cached = start + len(tokens)
-        return Chunk(tokens, start, seq.block_table, num_logits=1)
+        return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
 
     def _to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         if self.token_map is None:

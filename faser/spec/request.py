@@ -9,6 +9,7 @@ import torch
 
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
+from faser.spec.features import TargetFeatures
 from faser.spec.state import SpecState
 
 
@@ -20,6 +21,7 @@ class SpecRequest(Protocol):
     block_table: list[int]
     num_cached: int
     num_draft_cached: int
+    features: TargetFeatures  # the target's hidden states, kept for a feature draft
     stats: SpecStats
     arrival_time: float  # time.perf_counter(), as the SLO clock reads
     first_token_time: float | None

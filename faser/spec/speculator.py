@@ -45,6 +45,7 @@ class Speculator:
         self.verifier = Verifier(target)
         vocab = target.vocab_size
         self.proposer = Proposer(draft, vocab, token_map) if draft is not None else None
+        self.verifier.keep_features = draft is not None and draft.reads_features
         self._policies: dict[str, Policy] = {}
         self._cluster_load: float | None = None
         self.mode = "off" if config.policy == "off" else "prune"
@@ -173,11 +174,16 @@ class Speculator:
 
     def use_lanes(self, lanes: Lanes | None) -> None:
         """Gives the speculator two lanes: steps whose plan says overlap then run the draft and
-        the target at once (see faser/spec/overlap.py); None keeps every step sequential."""
+        the target at once (see faser/spec/overlap.py); None keeps every step sequential. A
+        feature draft never overlaps: its next guesses need the features the target is still
+        computing, so its lanes are closed at once."""
         if self.overlap is not None:
             self.overlap.lanes.close()
         self.overlap = None
         if lanes is not None and self.proposer is not None:
+            if self.proposer.runner.reads_features:
+                lanes.close()
+                return
             self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
 
     def _draft_budget(self, decodes, prefills, max_k: list[int], frontier) -> int | None:

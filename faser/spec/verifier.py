@@ -48,6 +48,8 @@ class _Entry:
 class Verifier:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        # hand every request the target's hidden states of what it fed (for a feature draft)
+        self.keep_features = False
 
     def verify(
         self,
@@ -90,7 +92,10 @@ class Verifier:
         updates each item's verdict and fills `prefill_tokens` as `verify` does."""
         chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
         chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
-        logits = self.runner.forward(chunks)  # [num_logits, vocab]
+        logits, hidden = self.runner.forward_hidden(chunks)  # [num_logits, vocab]
+        if self.keep_features:
+            fed = [it.seq for it in items] + [seq for seq, _ in prefills]
+            _keep_features(fed, chunks, hidden)
         entries: list[_Entry] = []
         owners: list = []
         row = 0
@@ -147,6 +152,14 @@ class Verifier:
             owner.token_ids += out[g][: accepted + int(rejected or entry.final)]
             owner.num_accepted += accepted
             owner.done = rejected or entry.final
+
+
+def _keep_features(seqs: list[SpecRequest], chunks: list[Chunk], hidden: torch.Tensor) -> None:
+    row = 0
+    for seq, chunk in zip(seqs, chunks, strict=True):
+        n = len(chunk.token_ids)
+        seq.features.write(chunk.start_pos, hidden[row : row + n])
+        row += n
 
 
 def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,85 @@
+"""A draft that reads the target's features (EAGLE-style).
+
+A standalone draft must understand the context with its own few layers; this one is handed the
+target's understanding. At position p it reads the token x_p and the target's features at p - 1:
+the residual stream after the target layers its config lists (`faser_feature_layers`, Hugging
+Face's hidden_states numbering; the last layer means the final normed output, the row the
+target's output layer turned into x_p). Several layers are fused into one hidden-size row by a
+linear layer; the row and the token's embedding are fused by another and run through a few Llama
+decoder layers over the paged cache. The output is the draft's guess of the target's final hidden
+state at p, which its output layer turns into a guess of x_{p+1}; drafting further, the draft
+feeds that guess where the target's features are not known yet.
+
+On disk: a Llama config with `faser_feature_draft = true`, `faser_feature_layers` and the
+standalone drafts' `faser_output_vocab_size` / `faser_tie_embedding_to_target`; weights
+`fuse.weight` [hidden, len(feature_layers) * hidden] (more than one layer only), `fc.weight`
+[hidden, 2 * hidden], `layers.*`, `norm.weight`, `lm_head.weight`; the embedding is the target's."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from faser.layers.attention import AttentionMetadata
+from faser.layers.norm import RMSNorm
+from faser.layers.rotary import RotaryEmbedding
+from faser.models.llama import KVCaches, LlamaDecoderLayer
+
+FEATURE_DRAFT_KEY = "faser_feature_draft"
+FEATURE_LAYERS_KEY = "faser_feature_layers"
+
+
+def is_feature_draft(hf_config) -> bool:
+    return bool(getattr(hf_config, FEATURE_DRAFT_KEY, False))
+
+
+class FeatureDraft(nn.Module):
+    reads_features = True  # ModelRunner hands it a feature row per fed token
+
+    def __init__(self, cfg, max_position: int) -> None:
+        super().__init__()
+        self.config = cfg
+        hidden = cfg.hidden_size
+        self.feature_layers = tuple(int(i) for i in getattr(cfg, FEATURE_LAYERS_KEY, None) or ())
+        if not self.feature_layers:
+            raise ValueError(f"a feature draft's config must list {FEATURE_LAYERS_KEY}")
+        self.feature_dim = len(self.feature_layers) * hidden
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, hidden)
+        if len(self.feature_layers) > 1:
+            self.fuse = nn.Linear(self.feature_dim, hidden, bias=False)
+        self.fc = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.rotary = RotaryEmbedding(cfg, max_position)
+        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
+        self.tie_word_embeddings = False
+        output_vocab_size = getattr(cfg, "faser_output_vocab_size", None) or cfg.vocab_size
+        self.lm_head = nn.Linear(hidden, output_vocab_size, bias=False)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.layers[0].self_attn.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layers[0].self_attn.head_dim
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+        features: torch.Tensor,  # [num_tokens, feature_dim] the target's, or [.., hidden] ours
+    ) -> torch.Tensor:  # [num_tokens, hidden]: the guesses of the target's final hidden state
+        embeds = self.embed_tokens(input_ids)
+        features = features.to(embeds.dtype)
+        if features.shape[-1] != embeds.shape[-1]:  # the target's, several layers: fuse them
+            features = self.fuse(features)
+        hidden = self.fc(torch.cat((embeds, features), dim=-1))
+        rope = self.rotary(positions)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(rope, hidden, kv_cache, meta)
+        return self.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, out vocab]
+        return self.lm_head(hidden).float()

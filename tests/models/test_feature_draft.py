@@ -1,0 +1,61 @@
+"""The feature draft's format: written by faser.distill, read by the engine's loader; the target's
+features as the engine computes them equal the teacher's; and bad pairs are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from faser.distill.feature_model import build_feature_draft, export_feature_draft
+from faser.distill.teacher import teacher_labels
+from faser.engine.model_pair import check_features
+from faser.models.loader import load_model
+from faser.runner.batch import Chunk
+from faser.runner.model_runner import ModelRunner
+from tests.models.test_draft import VOCAB, tiny_target  # noqa: F401 - a fixture
+
+IDS = [5, 17, 3, 96, 40, 40, 2, 61, 8]
+
+
+@pytest.mark.parametrize("feature_layers", [(3,), (1, 2, 3)])
+def test_round_trip_gives_the_same_logits(tiny_target, tmp_path: Path, feature_layers) -> None:
+    target, target_dir = tiny_target
+    token_map = torch.arange(2, VOCAB, 2)
+    draft = build_feature_draft(target, feature_layers, [2], token_map).eval()
+    with torch.no_grad():  # move off the initial identity fusion so that a mix-up would show
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    export_feature_draft(draft, token_map, tmp_path / "draft", {"test": True}, torch.float32)
+    record = {"prompt_ids": IDS[:4], "response_ids": IDS[4:]}
+    label = teacher_labels(target, [record], 4, tmp_path / "labels.pt",
+                           feature_layers=feature_layers)[0]
+    with torch.no_grad():
+        want = draft(torch.tensor([IDS]), torch.ones(1, len(IDS), dtype=torch.long),
+                     label.features[None].float())[0]
+
+    engine_target = load_model(target_dir, "cpu", "float32", 64)
+    engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
+    check_features(engine_target, engine_draft)
+    target_runner = ModelRunner(engine_target, num_blocks=8, block_size=16, device="cpu")
+    target_runner.feature_layers = feature_layers
+    _, features = target_runner.forward_hidden([Chunk(IDS, 0, [0, 1], num_logits=1)])
+    torch.testing.assert_close(features, label.features.float(), atol=2e-3, rtol=2e-3)
+
+    draft_runner = ModelRunner(engine_draft, num_blocks=8, block_size=16, device="cpu")
+    teacher = label.features.float()  # the same (half-precision) rows the training pass read
+    before = torch.cat((torch.zeros(1, teacher.shape[1]), teacher[:-1]))
+    chunk = Chunk(IDS, 0, [0, 1], num_logits=len(IDS), features=before)
+    torch.testing.assert_close(draft_runner.forward([chunk]), want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_draft_reading_layers_the_target_lacks_is_refused(tiny_target, tmp_path: Path) -> None:
+    target, target_dir = tiny_target
+    draft = build_feature_draft(target, (2, 4), [0], torch.arange(VOCAB))
+    export_feature_draft(draft, torch.arange(VOCAB), tmp_path / "draft", {}, torch.float32)
+    engine_target = load_model(target_dir, "cpu", "float32", 64)
+    engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
+    with pytest.raises(ValueError, match=r"reads target layers \[2, 4\]; the target has layers"):
+        check_features(engine_target, engine_draft)
