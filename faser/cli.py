@@ -22,6 +22,10 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=192, help="tokens per answer")
     p.add_argument("--chunk-size", type=int, default=16, help="prompts generated at once")
     p.add_argument("--gen-minutes", type=float, default=20.0, help="time budget of generation")
+    p.add_argument(
+        "--real-text-share", type=float, default=0.25,
+        help="share of the generation time for requests about real prose and translations",
+    )
     p.add_argument("--train-minutes", type=float, default=20.0, help="time budget of training")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -46,7 +50,7 @@ def _run_distill(args: argparse.Namespace) -> int:
     generation = GenerationConfig(
         target=args.target, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         chunk_size=args.chunk_size, time_budget_s=60 * args.gen_minutes,
-        num_threads=args.threads, seed=args.seed,
+        real_text_share=args.real_text_share, num_threads=args.threads, seed=args.seed,
     )
     train = TrainConfig(
         epochs=args.epochs, lr=args.lr, time_budget_s=60 * args.train_minutes, seed=args.seed

@@ -3,7 +3,10 @@
 summarising, questions, lists, stories). Deterministic for a seed; never the Spec-Bench prompts.
 
 Summarising and extraction prompts need passages; `passage_prompts` builds them from the target's
-own earlier answers, so the draft also learns to copy from its context."""
+own earlier answers, so the draft also learns to copy from its context. `real_text_prompts` asks
+terse requests (as real traffic does) about real prose: the documentation pages that ship with
+Python (`pydoc_data`), and sentences of the target's answers to translate; `back_translation_
+prompts` then asks for those translations back in English."""
 
 from __future__ import annotations
 
@@ -134,6 +137,66 @@ def passage_prompts(passages: list[str], seed: int = 0) -> list[Prompt]:
         category, template = rng.choice(templates)
         prompts.append(Prompt(category, template.format(p=passage.strip())))
     return prompts
+
+
+TRANSLATED_INTO = ("German", "French", "Spanish")
+
+
+def real_text_prompts(
+    sentences: list[str], seed: int = 0, passage_chars: int = 900
+) -> list[Prompt]:
+    """Terse requests over real prose: summarising and questions on pydoc's pages, and
+    `sentences` (from the target's answers) to translate; categories interleaved."""
+    rng = random.Random(seed)
+    templates = (
+        ("summarization", "Summarize: {p}"),
+        ("summarization", "Summarize the following passage in two sentences.\n\n{p}"),
+        ("rag", "{p}\n\nBased on the passage above, what is the main idea?"),
+        ("extraction", "List the technical terms used in this text: {p}"),
+    )
+    passage_pool = [
+        Prompt(category, template.format(p=passage))
+        for passage in _doc_passages(passage_chars)
+        for category, template in [rng.choice(templates)]
+    ]
+    languages = [rng.choice(TRANSLATED_INTO) for _ in sentences]
+    translation_pool = [
+        Prompt(f"translation:{language}", f"Translate English to {language}: {sentence}")
+        for language, sentence in zip(languages, sentences, strict=True)
+    ]
+    pools = [_shuffled(passage_pool, rng), _shuffled(translation_pool, rng)]
+    prompts: list[Prompt] = []
+    while any(pools):
+        for pool in pools:
+            if pool:
+                prompts.append(pool.pop())
+    return prompts
+
+
+def back_translation_prompts(translations: list[tuple[str, str]]) -> list[Prompt]:
+    """(language, text in it) -> a request to translate the text into English."""
+    return [
+        Prompt("translation", f"Translate {language} to English: {text}")
+        for language, text in translations
+    ]
+
+
+def _doc_passages(chars: int) -> list[str]:
+    """Paragraph-aligned passages of about `chars` characters from pydoc's topic pages."""
+    from pydoc_data.topics import topics
+
+    passages = []
+    for name in sorted(topics):
+        current = ""
+        for paragraph in topics[name].split("\n\n"):
+            paragraph = " ".join(paragraph.split())
+            if len(paragraph) < 40:
+                continue
+            current = f"{current} {paragraph}".strip()
+            if len(current) >= chars:
+                passages.append(current[: 2 * chars])
+                current = ""
+    return passages
 
 
 def _pools(rng: random.Random) -> dict[str, list[Prompt]]:

@@ -3,7 +3,9 @@
 Records go to a JSON-lines file one chunk at a time, so an interrupted run keeps what it made and
 a rerun resumes where it stopped. Every fourth prompt is answered by sampling (temperature 0.8,
 seeded) instead of greedily, so the draft also sees states off the target's greedy path. A second
-stage asks the target to summarise, extract from and rewrite its own earlier answers."""
+stage asks the target to summarise, extract from and rewrite its own earlier answers; a third asks
+terse questions about real prose (pydoc's pages) and to translate sentences of its answers; a
+fourth, to translate those translations back into English."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from faser.distill.data import Prompt, build_prompts, passage_prompts
+from faser.distill.data import (
+    Prompt,
+    back_translation_prompts,
+    build_prompts,
+    passage_prompts,
+    real_text_prompts,
+)
 
 SAMPLED_EVERY = 4
 SAMPLED_TEMPERATURE = 0.8
@@ -28,6 +36,7 @@ class GenerationConfig:
     chunk_size: int = 16
     time_budget_s: float = 1200.0
     passage_share: float = 0.2  # of the time budget, for the passage stage
+    real_text_share: float = 0.0  # of the time budget, for stages 3 and 4 (real prose)
     num_threads: int = 2
     seed: int = 0
 
@@ -38,15 +47,34 @@ def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
 
     llm = LLM(config.target, num_threads=config.num_threads, max_num_seqs=config.chunk_size)
     deadline = time.monotonic() + config.time_budget_s
-    stage_one_end = deadline - config.passage_share * config.time_budget_s
+    stage_two_end = deadline - config.real_text_share * config.time_budget_s
+    stage_one_end = stage_two_end - config.passage_share * config.time_budget_s
     _run_stage(llm, build_prompts(config.num_prompts, config.seed), 1, config, path, stage_one_end)
-    passages = [
-        llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True)
+    greedy = [r for r in read_records(path) if r["stage"] == 1 and not r["sampled"]]
+    answers = [llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True) for r in greedy]
+    passages = [a for a, r in zip(answers, greedy, strict=True) if len(r["response_ids"]) >= 96]
+    _run_stage(llm, passage_prompts(passages, config.seed), 2, config, path, stage_two_end)
+    if config.real_text_share <= 0:
+        return read_records(path)
+    sentences = [s for s in map(_first_sentence, answers) if s]
+    # a fifth of the stages' time is left for the back-translations, which need stage 3's
+    stage_three_end = deadline - 0.2 * config.real_text_share * config.time_budget_s
+    _run_stage(llm, real_text_prompts(sentences, config.seed), 3, config, path, stage_three_end)
+    translations = [
+        (r["category"].split(":")[1],
+         llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True).strip())
         for r in read_records(path)
-        if r["stage"] == 1 and not r["sampled"] and len(r["response_ids"]) >= 96
+        if r["stage"] == 3 and r["category"].startswith("translation:")
     ]
-    _run_stage(llm, passage_prompts(passages, config.seed), 2, config, path, deadline)
+    _run_stage(llm, back_translation_prompts(translations), 4, config, path, deadline)
     return read_records(path)
+
+
+def _first_sentence(text: str) -> str | None:
+    """The answer's first plain sentence of 6 to 30 words, if it has one."""
+    first = text.strip().split("\n")[0].split(". ")[0].strip()
+    words = first.split()
+    return first.rstrip(".") + "." if 6 <= len(words) <= 30 and first[:1].isalpha() else None
 
 
 def read_records(path: Path) -> list[dict]:

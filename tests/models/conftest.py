@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
 from gguf.quants import quantize
+from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -140,3 +142,20 @@ def tiny_gguf(make_tiny_gguf: Callable[..., Path]) -> Path:
 def tiny_chat_template() -> str:
     """The chat template write_tiny_gguf stores by default."""
     return CHAT_TEMPLATE
+
+
+DRAFT_TEST_VOCAB = 97  # the vocabulary of `tiny_target`, a target for the draft tests
+
+
+@pytest.fixture
+def tiny_target(tmp_path: Path) -> tuple[LlamaForCausalLM, Path]:
+    config = LlamaConfig(
+        vocab_size=DRAFT_TEST_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=True, initializer_range=0.2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(config).eval()
+    target.save_pretrained(tmp_path / "target")
+    return target, tmp_path / "target"

@@ -7,29 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from faser.distill.model import build_draft, export_draft
 from faser.engine.model_pair import _load_token_map, check_vocab
 from faser.models.loader import load_model
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
-
-VOCAB = 97
-
-
-@pytest.fixture
-def tiny_target(tmp_path: Path) -> tuple[LlamaForCausalLM, Path]:
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-        tie_word_embeddings=True, initializer_range=0.2,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(config).eval()
-    target.save_pretrained(tmp_path / "target")
-    return target, tmp_path / "target"
+from tests.models.conftest import DRAFT_TEST_VOCAB as VOCAB
 
 
 def _engine_logits(model, token_ids: list[int]) -> torch.Tensor:  # [seq, out_vocab]

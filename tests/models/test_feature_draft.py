@@ -14,7 +14,7 @@ from faser.engine.model_pair import check_features
 from faser.models.loader import load_model
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
-from tests.models.test_draft import VOCAB, tiny_target  # noqa: F401 - a fixture
+from tests.models.conftest import DRAFT_TEST_VOCAB as VOCAB
 
 IDS = [5, 17, 3, 96, 40, 40, 2, 61, 8]
 
