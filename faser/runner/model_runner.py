@@ -69,7 +69,8 @@ class ModelRunner:
     def forward_hidden(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits [num_logits, vocab] and a row per fed token: the features a feature draft
         reads when `feature_layers` names some (the target of such a draft), else the last
-        hidden state (for a feature draft, its guess of the target's)."""
+        hidden state (for a feature draft, its guess of the target's). Forwards that read or
+        return features run eagerly: the captured CUDA graphs return the hidden state only."""
         width = self.model.feature_dim if self.reads_features else None
         batch = build_batch(chunks, self.block_size, self.device, width)
         self.num_positions_computed += batch.input_ids.numel()
