@@ -7,16 +7,13 @@ and the target's features at p - 1, the same alignment as the standalone draft's
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from faser.distill.model import TOKEN_MAP_FILE
+from faser.distill.model import draft_config, write_draft
 from faser.models.feature_draft import FEATURE_DRAFT_KEY, FEATURE_LAYERS_KEY
-from faser.models.loader import OUTPUT_VOCAB_KEY, TIE_TO_TARGET_KEY
 
 
 class FeatureDraftLM(nn.Module):
@@ -115,28 +112,14 @@ def export_feature_draft(
     dtype: torch.dtype = torch.float16,
 ) -> None:
     """Writes the draft in the engine's format (faser.models.feature_draft); no embedding."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: p.detach().to(dtype).contiguous()
         for name, p in draft.named_parameters()
-        if not name.startswith("embed_tokens") and "rotary" not in name
+        if not name.startswith("embed_tokens")
         and not (name.startswith("fuse.") and len(draft.feature_layers) == 1)
     }
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    save_file({"token_map": token_map.long().contiguous()}, out_dir / TOKEN_MAP_FILE)
-    config = draft.config.to_dict()
-    for key in ("layer_types", "_name_or_path"):
-        config.pop(key, None)
-    config.update(
-        architectures=["FaserFeatureDraft"],
-        tie_word_embeddings=False,
-        dtype=str(dtype).removeprefix("torch."),
-        **{
-            OUTPUT_VOCAB_KEY: draft.lm_head.out_features,
-            TIE_TO_TARGET_KEY: True,
-            FEATURE_DRAFT_KEY: True,
-            FEATURE_LAYERS_KEY: list(draft.feature_layers),
-        },
+    config = draft_config(
+        draft.config, draft.lm_head.out_features, dtype,
+        **{FEATURE_DRAFT_KEY: True, FEATURE_LAYERS_KEY: list(draft.feature_layers)},
     )
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "faser_distill.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    write_draft(out_dir, tensors, token_map, config, provenance)

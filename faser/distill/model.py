@@ -76,27 +76,37 @@ def export_draft(
     dtype: torch.dtype = torch.float16,
 ) -> None:
     """Writes the draft in the engine's format (module docstring); no embedding is stored."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     tensors = {
         f"model.{name}": p.detach().to(dtype).contiguous()
         for name, p in draft.body.named_parameters()
         if not name.startswith("embed_tokens")
     }
     tensors["lm_head.weight"] = draft.lm_head.weight.detach().to(dtype).contiguous()
-    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    save_file({"token_map": token_map.long().contiguous()}, out_dir / TOKEN_MAP_FILE)
-    (out_dir / "config.json").write_text(json.dumps(_config_dict(draft, dtype), indent=2) + "\n")
-    (out_dir / "faser_distill.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    config = draft_config(draft.body.config, draft.lm_head.out_features, dtype)
+    write_draft(out_dir, tensors, token_map, config, provenance)
 
 
-def _config_dict(draft: DraftLM, dtype: torch.dtype) -> dict:
-    config = draft.body.config.to_dict()
+def draft_config(config, output_vocab: int, dtype: torch.dtype, **extra) -> dict:
+    """The Llama config of a draft that reads its target's embedding, as config.json holds it."""
+    config = config.to_dict()
     for key in ("layer_types", "_name_or_path"):  # the latter is a local path of the target
         config.pop(key, None)
     config.update(
         architectures=["LlamaForCausalLM"],
         tie_word_embeddings=False,
         dtype=str(dtype).removeprefix("torch."),
-        **{OUTPUT_VOCAB_KEY: draft.lm_head.out_features, TIE_TO_TARGET_KEY: True},
+        **{OUTPUT_VOCAB_KEY: output_vocab, TIE_TO_TARGET_KEY: True},
+        **extra,
     )
     return config
+
+
+def write_draft(
+    out_dir: Path, tensors: dict, token_map: torch.Tensor, config: dict, provenance: dict
+) -> None:
+    """The draft's files: weights, token map, config and how it was made."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
+    save_file({"token_map": token_map.long().contiguous()}, out_dir / TOKEN_MAP_FILE)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out_dir / "faser_distill.json").write_text(json.dumps(provenance, indent=2) + "\n")

@@ -21,9 +21,7 @@ import torch
 from torch import nn
 
 from faser.layers.attention import AttentionMetadata
-from faser.layers.norm import RMSNorm
-from faser.layers.rotary import RotaryEmbedding
-from faser.models.llama import KVCaches, LlamaDecoderLayer
+from faser.models.llama import KVCaches, LlamaForCausalLM
 
 FEATURE_DRAFT_KEY = "faser_feature_draft"
 FEATURE_LAYERS_KEY = "faser_feature_layers"
@@ -33,35 +31,22 @@ def is_feature_draft(hf_config) -> bool:
     return bool(getattr(hf_config, FEATURE_DRAFT_KEY, False))
 
 
-class FeatureDraft(nn.Module):
+class FeatureDraft(LlamaForCausalLM):
+    """A Llama decoder (layers, norm, reduced output layer) whose input is fused from each token's
+    embedding and a feature row."""
+
     reads_features = True  # ModelRunner hands it a feature row per fed token
 
     def __init__(self, cfg, max_position: int) -> None:
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg, max_position)
         hidden = cfg.hidden_size
         self.feature_layers = tuple(int(i) for i in getattr(cfg, FEATURE_LAYERS_KEY, None) or ())
         if not self.feature_layers:
             raise ValueError(f"a feature draft's config must list {FEATURE_LAYERS_KEY}")
         self.feature_dim = len(self.feature_layers) * hidden
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, hidden)
         if len(self.feature_layers) > 1:
             self.fuse = nn.Linear(self.feature_dim, hidden, bias=False)
         self.fc = nn.Linear(2 * hidden, hidden, bias=False)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.rotary = RotaryEmbedding(cfg, max_position)
-        self.norm = RMSNorm(hidden, cfg.rms_norm_eps)
-        self.tie_word_embeddings = False
-        output_vocab_size = getattr(cfg, "faser_output_vocab_size", None) or cfg.vocab_size
-        self.lm_head = nn.Linear(hidden, output_vocab_size, bias=False)
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.layers[0].self_attn.num_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.layers[0].self_attn.head_dim
 
     def forward(
         self,
@@ -80,6 +65,3 @@ class FeatureDraft(nn.Module):
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(rope, hidden, kv_cache, meta)
         return self.norm(hidden)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, out vocab]
-        return self.lm_head(hidden).float()
