@@ -26,6 +26,7 @@ from faser.spec.cost_model import (
     TARGET_POINTS,
     CostProfile,
     LaneTimers,
+    checkpoint_fingerprint,
     load_or_profile,
     profile_key,
 )
@@ -89,12 +90,13 @@ class LLMEngine:
         """The step-cost profile, measured once per model pair, device, dtype and thread count and
         cached on disk. Measured when a cost-aware policy is first needed, on blocks borrowed from
         the pool so that no live request's cache is touched."""
-        config = self.config
+        config, pair = self.config, self.pair
         overlap = self.speculator.overlap
         lanes = overlap.lanes if overlap is not None else None
         lane_threads = (lanes.target.num_threads, lanes.draft.num_threads) if lanes else None
+        models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
         key = profile_key(
-            f"{self.pair.target_dir}+{self.pair.draft_dir}", config.device, config.dtype,
+            models, config.device, config.dtype,
             config.num_threads, lane_threads,
         )
         table: list[int] = []

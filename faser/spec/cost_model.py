@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 TARGET_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: keys name the checkpoints' files (a draft replaced in place was reused)
 # The knee is where the step time's elasticity d ln t / d ln n reaches one half: on t = t0 + c n
 # where the growing part equals the fixed part (n = t0 / c), on a roofline max(t0, c n) its corner.
 KNEE_ELASTICITY = 0.5
@@ -162,6 +162,18 @@ def profile_key(
     measured on."""
     key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
     return key if lane_threads is None else f"{key}|lanes={lane_threads}"
+
+
+def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:
+    """A checkpoint directory and the size and modification time of its files: a profile keyed by
+    it is measured again when the weights are replaced in place (a new default draft)."""
+    if path is None:
+        return "none"
+    directory = Path(path)
+    files = sorted(f for f in directory.iterdir() if f.is_file()) if directory.is_dir() else []
+    stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    digest = hashlib.sha256(repr(stats).encode()).hexdigest()[:8]
+    return f"{directory}@{digest}"
 
 
 def default_cache_dir() -> Path:

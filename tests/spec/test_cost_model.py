@@ -7,6 +7,7 @@ from faser.spec.cost_model import (
     CostProfile,
     LaneTimers,
     cache_path,
+    checkpoint_fingerprint,
     load_or_profile,
     profile,
     profile_key,
@@ -150,3 +151,13 @@ def test_lane_scales_are_measured_on_the_lanes_cached_and_applied(tmp_path):
 def test_bad_lane_scales_name_the_field():
     with pytest.raises(ValueError, match="lane_scales"):
         CostProfile((1, 2), (1.0, 2.0), lane_scales=(0.0, 1.0))
+
+
+def test_a_checkpoint_replaced_in_place_gets_a_new_key(tmp_path) -> None:
+    """The default draft lives at one path; a new one written there must be profiled again."""
+    (tmp_path / "model.safetensors").write_bytes(b"old weights")
+    before = checkpoint_fingerprint(tmp_path)
+    assert checkpoint_fingerprint(tmp_path) == before
+    (tmp_path / "model.safetensors").write_bytes(b"new weights, longer")
+    assert checkpoint_fingerprint(tmp_path) != before
+    assert checkpoint_fingerprint(None) == "none"
