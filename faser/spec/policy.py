@@ -28,6 +28,7 @@ from faser.spec.slo import choose_k_for_slo
 from faser.spec.state import SpecState
 
 HEURISTIC_START_K = 4  # HF transformers starts higher (20); our caps are far lower
+POPULATION_EMA = 0.02  # weight of each step's rate in a policy's acceptance over all requests
 
 
 class Policy(ABC):
@@ -38,6 +39,8 @@ class Policy(ABC):
         self.config = config
         self.cost_model = cost_model
         self.controller: ModeController | None = None  # only the adaptive policies have one
+        # per-token acceptance over every request this policy has seen, from the global prior
+        self.population_alpha = config.alpha_prior
 
     @abstractmethod
     def plan(self, states: list[SpecState], load: LoadView) -> StepPlan: ...
@@ -59,6 +62,9 @@ class Policy(ABC):
             trials = num_accepted + (1 if num_accepted < num_drafted else 0)
             rate = num_accepted / trials
             state.alpha += self.config.alpha_ema * (rate - state.alpha)
+            self.population_alpha += POPULATION_EMA * (rate - self.population_alpha)
+        else:  # no evidence this step: drift back toward what the draft does for everyone
+            state.alpha += self.config.alpha_recovery * (self.population_alpha - state.alpha)
 
 
 class OffPolicy(Policy):

@@ -84,7 +84,7 @@ def test_heuristic_plus_two_minus_one():
 
 
 def test_observe_estimates_per_token_acceptance():
-    policy = make_policy(SpecConfig(policy="fixed", alpha_ema=1.0))
+    policy = make_policy(SpecConfig(policy="fixed", alpha_ema=1.0, alpha_recovery=0.0))
     state = SpecState(0.5, "fixed", 4)
     policy.observe(state, 4, 2)  # two accepted, the third rejected: 2 of 3 trials
     assert state.alpha == pytest.approx(2 / 3)
@@ -93,6 +93,23 @@ def test_observe_estimates_per_token_acceptance():
     policy.observe(state, 0, 0)  # nothing drafted: nothing learnt
     assert state.alpha == pytest.approx(1.0)
     assert (state.last_k, state.last_num_accepted) == (0, 0)
+
+
+def test_a_request_without_drafts_drifts_back_to_the_population():
+    """A run of rejections drives a request's estimate below what pays; with no drafts it would
+    never be measured again, so steps without speculation move it toward the policy's estimate
+    over every request (which the rejections moved only a little)."""
+    policy = make_policy(SpecConfig(policy="fixed", alpha_prior=0.4, alpha_recovery=0.1))
+    unlucky, typical = SpecState(0.4, "fixed", 1), SpecState(0.4, "fixed", 1)
+    for _ in range(5):
+        policy.observe(unlucky, 1, 0)
+    assert unlucky.alpha < 0.08
+    assert 0.3 < policy.population_alpha < 0.4
+    for _ in range(40):
+        policy.observe(unlucky, 0, 0)
+        policy.observe(typical, 0, 0)
+    assert unlucky.alpha == pytest.approx(policy.population_alpha, abs=0.01)
+    assert typical.alpha == pytest.approx(policy.population_alpha, abs=0.01)
 
 
 def test_faser_off_when_the_target_is_saturated():
