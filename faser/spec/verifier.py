@@ -158,7 +158,9 @@ def _keep_features(seqs: list[SpecRequest], chunks: list[Chunk], hidden: torch.T
     row = 0
     for seq, chunk in zip(seqs, chunks, strict=True):
         n = len(chunk.token_ids)
-        seq.features.write(chunk.start_pos, hidden[row : row + n])
+        # a request that never speculates would only hoard rows (kilobytes per token)
+        if seq.spec_state.policy != "off":
+            seq.features.write(chunk.start_pos, hidden[row : row + n])
         row += n
 
 

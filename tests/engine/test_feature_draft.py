@@ -135,3 +135,24 @@ def test_sampling_keeps_the_target_distribution(tmp_path_factory):
     assert_marginals_match(outputs, target)
     stats = llm.engine.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+def test_requests_that_never_speculate_keep_no_features(feature_pair, plain_greedy):
+    """Per-request "off" in an engine with a feature draft: same output, and none of the
+    target's rows are kept for a request that will never draft."""
+    target, draft = feature_pair
+    llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
+              num_kv_blocks=96, block_size=4)
+    engine = llm.engine
+    for i, prompt in enumerate(PROMPTS[:2]):
+        engine.add_request(f"r{i}", prompt, GREEDY, spec={"policy": "off"} if i == 0 else None)
+    kept = {"r0": 0, "r1": 0}
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = out.token_ids
+        for seq in engine.scheduler.running:
+            rows = seq.features.rows
+            kept[seq.request_id] = max(kept[seq.request_id], 0 if rows is None else len(rows))
+    assert [outputs["r0"], outputs["r1"]] == plain_greedy[:2]
+    assert kept["r0"] == 0 < kept["r1"]
