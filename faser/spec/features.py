@@ -35,25 +35,16 @@ class TargetFeatures:
         """h_first .. h_{last-1}; position -1 (before the first token) reads zeros."""
         lead = max(0, -first)
         first += lead
-        if last > first and (self.rows is None or first < self.start or last > self.end):
+        if self.rows is None or first < self.start or last > self.end:
             raise RuntimeError(
                 f"target features of positions [{first}, {last}) are not held "
                 f"(held: [{self.start}, {self.end}))"
             )
-        held = self.rows[first - self.start : last - self.start] if last > first else None
-        if held is None:
-            return torch.zeros(lead, self._width())
-        if lead:
-            return torch.cat((held.new_zeros(lead, held.shape[1]), held))
-        return held
+        held = self.rows[first - self.start : last - self.start]
+        return torch.cat((held.new_zeros(lead, held.shape[1]), held)) if lead else held
 
     def forget_before(self, pos: int) -> None:
         """Drops h_p for p < pos: the draft will never read them again."""
         if self.rows is not None and pos > self.start:
             drop = min(pos, self.end) - self.start
             self.rows, self.start = self.rows[drop:], self.start + drop
-
-    def _width(self) -> int:
-        if self.rows is None:
-            raise RuntimeError("no target features are held yet")
-        return self.rows.shape[1]
