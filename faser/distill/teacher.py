@@ -80,7 +80,7 @@ def _label_group(
 def _features(hidden_states: tuple, layers: tuple[int, ...]) -> torch.Tensor:
     """As LlamaForCausalLM.forward_features computes them in the engine: inner layers RMS-scaled,
     the last (Hugging Face's final entry, already normed) as is."""
-    from faser.models.llama import rms_scale
+    from faser.layers.norm import rms_scale
 
     last = len(hidden_states) - 1
     return torch.cat(

@@ -6,6 +6,14 @@ import torch
 from torch import nn
 
 
+def rms_scale(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # [..., dim] -> [..., dim]
+    """x over its root mean square, computed in fp32: RMSNorm before its weight. A feature draft
+    reads the target's residual streams this way (their scale grows with depth)."""
+    dtype = x.dtype
+    x = x.float()
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -13,7 +21,4 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * rms_scale(x, self.eps)

@@ -12,16 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from faser.layers.attention import AttentionMetadata, PagedAttention
-from faser.layers.norm import RMSNorm
+from faser.layers.norm import RMSNorm, rms_scale
 from faser.layers.rotary import RotaryEmbedding, apply_rotary
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def rms_scale(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x over its root mean square (an RMSNorm with no weight): a residual stream's scale grows
-    with depth, a feature draft reads every tapped layer at one scale."""
-    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
 class LlamaAttention(nn.Module):

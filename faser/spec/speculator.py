@@ -45,7 +45,6 @@ class Speculator:
         self.verifier = Verifier(target)
         vocab = target.vocab_size
         self.proposer = Proposer(draft, vocab, token_map) if draft is not None else None
-        self.verifier.keep_features = draft is not None and draft.reads_features
         self._policies: dict[str, Policy] = {}
         self._cluster_load: float | None = None
         self.mode = "off" if config.policy == "off" else "prune"

@@ -48,8 +48,6 @@ class _Entry:
 class Verifier:
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        # hand every request the target's hidden states of what it fed (for a feature draft)
-        self.keep_features = False
 
     def verify(
         self,
@@ -93,7 +91,7 @@ class Verifier:
         chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
         chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
         logits, hidden = self.runner.forward_hidden(chunks)  # [num_logits, vocab]
-        if self.keep_features:
+        if self.runner.feature_layers:  # a feature draft reads what the target computed
             fed = [it.seq for it in items] + [seq for seq, _ in prefills]
             _keep_features(fed, chunks, hidden)
         entries: list[_Entry] = []
