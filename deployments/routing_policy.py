@@ -1,8 +1,8 @@
 """The load-aware routing policy, as pure functions over replica load figures (no Ray here).
 
 Each replica reports its engine's load (`record_routing_stats`) every fraction of a second; the
-router also counts the requests it sent that have not completed, which is exact for its own
-traffic and fresher than any report. A replica's load is the larger of the two, over its
+router also counts the requests it chose or sent that have not completed, which is exact for its
+own traffic and fresher than any report. A replica's load is the larger of the two, over its
 capacity, plus a KV term so that a replica whose cache is nearly full (long sequences) looks
 busier than one with as many short requests.
 """
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 KV_WEIGHT = 0.5  # a full KV cache counts as half a replica's worth of requests
-RANK_TOLERANCE = 0.1  # scores this close (a tenth of a replica) count as equally loaded
+ORDER_TOLERANCE = 0.1  # scores this close (a tenth of a replica) count as equally loaded
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaLoad:
     replica_id: str
     capacity: int  # requests the replica takes at once (max_ongoing_requests)
-    num_inflight: int = 0  # sent by this router and not completed
+    num_inflight: int = 0  # chosen or sent by this router and not completed
     num_running: int = 0  # reported by the engine
     num_waiting: int = 0  # reported by the engine
     kv_usage: float = 0.0  # reported, in [0, 1]
@@ -55,21 +55,21 @@ def replica_score(load: ReplicaLoad) -> float:
     return load.num_requests / load.capacity + KV_WEIGHT * min(max(load.kv_usage, 0.0), 1.0)
 
 
-def rank_replicas(
-    loads: Sequence[ReplicaLoad], tolerance: float = RANK_TOLERANCE
-) -> list[list[str]]:
-    """Replica ids in ranks, least loaded first. Replicas within `tolerance` of a rank's best
-    score share it, and Ray picks among them by its exact, per-send queue lengths: concurrent
-    routing decisions all see the same (periodic) figures, so a fine-grained order from them
-    would send a burst to one replica. Within a rank, higher acceptance comes first."""
-    ordered = sorted(loads, key=lambda r: (replica_score(r), -r.alpha, r.replica_id))
-    ranks: list[list[ReplicaLoad]] = []
-    for load in ordered:
-        if ranks and replica_score(load) - replica_score(ranks[-1][0]) <= tolerance:
-            ranks[-1].append(load)
-        else:
-            ranks.append([load])
-    return [[load.replica_id for load in rank] for rank in ranks]
+def order_replicas(
+    loads: Sequence[ReplicaLoad], tolerance: float = ORDER_TOLERANCE
+) -> list[str]:
+    """Replica ids, the one to route to first. Replicas within `tolerance` of the least loaded
+    one left count as equally loaded and go in order of acceptance, higher first: a request
+    there needs fewer target steps per token."""
+    remaining = sorted(loads, key=lambda r: (replica_score(r), r.replica_id))
+    order: list[str] = []
+    while remaining:
+        best = replica_score(remaining[0])
+        near = [r for r in remaining if replica_score(r) - best <= tolerance]
+        near.sort(key=lambda r: -r.alpha)  # stable: equal acceptance keeps the score order
+        order += [r.replica_id for r in near]
+        remaining = [r for r in remaining if r not in near]
+    return order
 
 
 def cluster_load(loads: Sequence[ReplicaLoad]) -> float:

@@ -92,7 +92,7 @@ def test_skewed_load_is_spread_over_both_replicas(base_url):
         shorts = burst(base_url, 8, max_tokens=6)
         counts = Counter(r.headers["x-faser-replica"] for r in shorts)
         assert set(counts) == {first.replica, second.replica}
-        assert min(counts.values()) >= 2, counts
+        assert min(counts.values()) >= 3, counts  # 4:4 when each decision sees the last
     finally:  # the next test needs an idle fleet, whatever happened here
         first.thread.join(120)
         second.thread.join(120)

@@ -7,7 +7,7 @@ from deployments.routing_policy import (
     ReplicaLoad,
     cluster_load,
     load_from_stats,
-    rank_replicas,
+    order_replicas,
     replica_score,
 )
 
@@ -16,40 +16,38 @@ def load(replica_id: str, **figures) -> ReplicaLoad:
     return ReplicaLoad(replica_id=replica_id, capacity=figures.pop("capacity", 8), **figures)
 
 
-def test_least_loaded_replica_ranks_first():
+def test_least_loaded_replica_goes_first():
     loads = [load("a", num_running=6), load("b", num_running=1), load("c", num_running=3)]
-    assert rank_replicas(loads) == [["b"], ["c"], ["a"]]
+    assert order_replicas(loads) == ["b", "c", "a"]
 
 
 def test_own_inflight_count_beats_a_stale_report():
     # "a" reported idle a moment ago, but this router has just sent it 5 requests
     loads = [load("a", num_inflight=5), load("b", num_running=2)]
-    assert rank_replicas(loads)[0] == ["b"]
+    assert order_replicas(loads)[0] == "b"
 
 
 def test_full_kv_cache_counts_as_load():
     # as many requests, but "a" holds long sequences: its cache is nearly full
     loads = [load("a", num_running=2, kv_usage=0.9), load("b", num_running=2, kv_usage=0.1)]
-    assert rank_replicas(loads) == [["b"], ["a"]]
+    assert order_replicas(loads) == ["b", "a"]
 
 
-def test_equal_scores_share_a_rank_ordered_by_acceptance():
-    loads = [load("a", num_running=2, alpha=0.3), load("b", num_running=2, alpha=0.8)]
-    assert rank_replicas(loads) == [["b", "a"]]
-
-
-def test_nearly_equal_replicas_share_a_rank_so_ray_balances_a_burst_among_them():
-    loads = [load("a", num_running=2, kv_usage=0.05), load("b", num_running=2, kv_usage=0.0),
-             load("c", num_running=7)]
-    assert rank_replicas(loads) == [["b", "a"], ["c"]]
-    assert rank_replicas(loads, tolerance=0.0) == [["b"], ["a"], ["c"]]
+def test_nearly_equal_replicas_go_in_order_of_acceptance():
+    loads = [load("a", num_running=2, kv_usage=0.05, alpha=0.3),
+             load("b", num_running=2, alpha=0.8), load("c", num_running=7, alpha=0.9)]
+    assert order_replicas(loads) == ["b", "a", "c"]
+    assert order_replicas(loads, tolerance=0.0) == ["b", "a", "c"]
+    equal = [load("a", num_running=2, alpha=0.3), load("b", num_running=2, kv_usage=0.05)]
+    assert order_replicas(equal, tolerance=0.0) == ["a", "b"]
+    assert order_replicas(equal) == ["a", "b"]
 
 
 def test_score_is_relative_to_capacity():
     small = load("small", capacity=2, num_running=2)
     large = load("large", capacity=16, num_running=4)
     assert replica_score(small) > replica_score(large)
-    assert rank_replicas([small, large])[0] == ["large"]
+    assert order_replicas([small, large])[0] == "large"
 
 
 def test_cluster_load_is_the_fleets_busy_fraction():
