@@ -46,8 +46,9 @@ def load_prompts(path: Path, num_prompts: int) -> list[tuple[str, str]]:
 
 def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
     """Per request SpecStats of greedy generation with a fixed k, one batch of all prompts."""
+    spec = SpecConfig(policy=f"fixed:{k}", prompt_lookup=args.prompt_lookup)
     llm = LLM(
-        args.target, draft_model=args.draft, spec=SpecConfig(policy=f"fixed:{k}"),
+        args.target, draft_model=args.draft, spec=spec,
         num_threads=args.threads, max_num_seqs=max(1, len(prompts)),
         max_num_batched_tokens=max(512, len(prompts)),
     )
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=26)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
+                        help="greedy guesses from earlier occurrences of the newest tokens too")
     parser.add_argument("--timing-repeats", type=int, default=30)
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)

@@ -26,6 +26,9 @@ class SpecConfig:
     # drafts it would never be measured again)
     alpha_recovery: float = 0.05
     draft_stop_confidence: float = 0.05  # stop drafting a request when its cumulative q falls below
+    # greedy requests also guess from earlier occurrences of their newest tokens
+    # (faser.spec.lookup), where the target copies
+    prompt_lookup: bool = True
     frontier_size: int | None = None  # None: chosen by the policy each step
     profile_cache_dir: str | None = None  # where the cost profile is cached (None: user cache)
     trace_path: str | None = None  # JSON lines, one per step, when set

@@ -11,6 +11,7 @@ import torch
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
 from faser.spec.features import TargetFeatures
+from faser.spec.lookup import PromptLookup
 from faser.spec.state import SpecState
 
 
@@ -33,6 +34,7 @@ class Sequence:
     num_cached: int = 0  # positions held in the target's KV cache
     num_draft_cached: int = 0  # positions held in the draft's KV cache
     features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
+    lookup: PromptLookup = field(default_factory=PromptLookup)  # for prompt lookup
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None
     text: str = ""

@@ -8,7 +8,13 @@ falls below a threshold (the guesses past that point would almost surely be reje
 A feature draft (faser.models.feature_draft) also reads, for each committed token it is fed, the
 target's hidden state before it, and for each of its own guesses its own output of the previous
 iteration. The cache rows it wrote from its own guesses are not trusted past the step: the next
-proposal feeds the accepted tokens again, with the target's features."""
+proposal feeds the accepted tokens again, with the target's features.
+
+With prompt lookup on (faser.spec.lookup), a greedy request's guess is replaced by the token that
+followed its newest tokens earlier in its context, when that is likelier to be right than the
+draft's own guess; the draft still reads the token, so its next guess follows it. Sampled
+requests keep the draft's tokens: their verification needs the draft's distribution, which a
+looked-up token does not come from."""
 
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import torch
 
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
+from faser.spec.lookup import MAX_N
 from faser.spec.request import SpecRequest
 from faser.spec.sampling import request_probs
 from faser_kernels.rejection import sample_inverse_cdf
@@ -39,13 +46,18 @@ class Proposal:
 
 class Proposer:
     def __init__(
-        self, runner: ModelRunner, target_vocab_size: int, token_map: torch.Tensor | None = None
+        self,
+        runner: ModelRunner,
+        target_vocab_size: int,
+        token_map: torch.Tensor | None = None,
+        prompt_lookup: bool = False,
     ) -> None:
         # token_map: [draft_vocab] target ids, for drafts whose output layer covers only the
         # target's most frequent tokens
         if token_map is not None:
             token_map = token_map.to(runner.device)
         self.runner, self.target_vocab_size, self.token_map = runner, target_vocab_size, token_map
+        self.prompt_lookup = prompt_lookup
 
     def propose(
         self, seqs: list[SpecRequest], max_k: list[int], stop_confidence: float | None = None
@@ -71,6 +83,9 @@ class Proposer:
             rows = self._to_target_vocab(probs, float("-inf"))
             confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
+            if self.prompt_lookup:
+                tails = [seqs[i].token_ids[-MAX_N:] + proposal.draft_token_ids[i] for i in active]
+                self._look_up([seqs[i] for i in active], tails, tokens, confidences)
             for row, i in enumerate(active):
                 proposal.draft_token_ids[i].append(tokens[row])
                 proposal.confidences[i].append(confidences[row])
@@ -112,10 +127,34 @@ class Proposer:
         rows = self._to_target_vocab(probs, float("-inf"))
         confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
+        if self.prompt_lookup:
+            tails = [context[-MAX_N:] for context in contexts]
+            self._look_up(seqs, tails, tokens, confidences)
         return [
             (token, None if seq.params.greedy else rows[row].clone(), conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
+
+    @staticmethod
+    def _look_up(
+        seqs: list[SpecRequest],
+        tails: list[list[int]],  # per row, the newest tokens of the context it drafts from
+        tokens: list[int],
+        confidences: list[float],
+    ) -> None:
+        """In place: greedy rows take the looked-up token when it is likelier to be right."""
+        for row, (seq, tail) in enumerate(zip(seqs, tails, strict=True)):
+            if not seq.params.greedy:
+                continue
+            seq.lookup.extend(seq.token_ids)
+            found = seq.lookup.guess(tail)
+            if found is None:
+                continue
+            token, precision = found
+            if token == tokens[row]:
+                confidences[row] = max(confidences[row], precision)
+            elif precision > confidences[row]:
+                tokens[row], confidences[row] = token, precision
 
     def _chunk(
         self, seq: SpecRequest, step: int, drafted: list[int], guess: torch.Tensor | None

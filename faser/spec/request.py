@@ -10,6 +10,7 @@ import torch
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
 from faser.spec.features import TargetFeatures
+from faser.spec.lookup import PromptLookup
 from faser.spec.state import SpecState
 
 
@@ -22,6 +23,7 @@ class SpecRequest(Protocol):
     num_cached: int
     num_draft_cached: int
     features: TargetFeatures  # the target's hidden states, kept for a feature draft
+    lookup: PromptLookup  # its committed tokens' n-grams, for prompt lookup
     stats: SpecStats
     arrival_time: float  # time.perf_counter(), as the SLO clock reads
     first_token_time: float | None

@@ -44,7 +44,10 @@ class Speculator:
         self._cost_model: CostProfile | None = None
         self.verifier = Verifier(target)
         vocab = target.vocab_size
-        self.proposer = Proposer(draft, vocab, token_map) if draft is not None else None
+        self.proposer = (
+            Proposer(draft, vocab, token_map, prompt_lookup=config.prompt_lookup)
+            if draft is not None else None
+        )
         self._policies: dict[str, Policy] = {}
         self._cluster_load: float | None = None
         self.mode = "off" if config.policy == "off" else "prune"

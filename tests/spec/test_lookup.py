@@ -1,0 +1,64 @@
+"""Prompt lookup: the token after the latest earlier occurrence of the newest n-gram, longest
+n-gram first; only committed tokens are indexed, each once."""
+
+from faser.spec.lookup import MAX_N, MIN_N, PRECISION, PromptLookup
+
+
+def test_guess_is_the_token_after_the_latest_occurrence():
+    lookup = PromptLookup()
+    lookup.extend([1, 2, 3, 9, 1, 2, 3, 7, 5])
+    assert lookup.guess([1, 2, 3]) == (7, PRECISION[3])  # the later of 9 and 7
+    assert lookup.guess([8, 8, 2, 3]) == (7, PRECISION[2])  # only "2 3" occurred
+    assert lookup.guess([4, 4]) is None
+
+
+def test_the_longest_ngram_wins():
+    lookup = PromptLookup()
+    lookup.extend([5, 1, 2, 3, 4, 6, 2, 3, 4, 8])
+    # "2 3 4" last led to 8, but "1 2 3 4" (longer, likelier) led to 6
+    assert lookup.guess([1, 2, 3, 4]) == (6, PRECISION[4])
+    assert lookup.guess([0, 2, 3, 4]) == (8, PRECISION[3])
+
+
+def test_the_newest_token_is_not_its_own_guess():
+    # "1 2" ends the committed tokens: nothing has followed it yet
+    lookup = PromptLookup()
+    lookup.extend([7, 1, 2])
+    assert lookup.guess([1, 2]) is None
+
+
+def test_extending_indexes_only_the_new_tokens_and_matches_a_fresh_index():
+    tokens = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8]
+    grown, fresh = PromptLookup(), PromptLookup()
+    for end in range(1, len(tokens) + 1, 4):
+        grown.extend(tokens[:end])
+    grown.extend(tokens)
+    fresh.extend(tokens)
+    for start in range(len(tokens)):
+        for n in range(MIN_N, MAX_N + 1):
+            tail = tokens[start : start + n]
+            assert grown.guess(tail) == fresh.guess(tail)
+
+
+def test_precision_grows_with_the_ngram_length():
+    assert [PRECISION[n] for n in range(MIN_N, MAX_N + 1)] == sorted(PRECISION.values())
+
+
+def test_proposer_takes_the_looked_up_token_only_when_it_is_likelier():
+    from types import SimpleNamespace
+
+    from faser.sampling_params import SamplingParams
+    from faser.spec.proposer import Proposer
+
+    def request(greedy: bool) -> SimpleNamespace:
+        params = SamplingParams(temperature=0.0 if greedy else 1.0)
+        return SimpleNamespace(params=params, token_ids=[1, 2, 3, 9, 1, 2, 3],
+                               lookup=PromptLookup())
+
+    seqs = [request(True), request(True), request(True), request(False)]
+    tails = [[1, 2, 3]] * 4  # each looks up 9, with PRECISION[3]
+    tokens = [4, 4, 9, 4]
+    confidences = [0.1, 0.9, 0.2, 0.1]
+    Proposer._look_up(seqs, tails, tokens, confidences)
+    assert tokens == [9, 4, 9, 4]  # unsure draft replaced; sure draft and sampled row kept
+    assert confidences == [PRECISION[3], 0.9, PRECISION[3], 0.1]
