@@ -99,6 +99,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-format", default=EngineConfig().weight_format, help="dense or mkldnn")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--step-trace", default=None,
+                   help="write every step's decisions here (JSON lines; all policies and levels)")
     return p.parse_args(argv)
 
 
@@ -133,7 +135,8 @@ def trace_file(name: str) -> Path:
 
 
 def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
-    spec = SpecConfig(policy="off", profile_cache_dir=args.profile_cache)
+    spec = SpecConfig(policy="off", profile_cache_dir=args.profile_cache,
+                      trace_path=args.step_trace)
     config = EngineConfig(
         model=args.model, draft_model=args.draft_model, spec=spec, device=args.device,
         dtype=args.dtype, weight_format=args.weight_format, num_threads=args.threads,

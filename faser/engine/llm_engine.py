@@ -182,7 +182,7 @@ class LLMEngine:
             if spec and spec.get("policy", "off") != "off":
                 raise ValueError("speculation.policy: this engine has no draft model")
             policy = "off"
-        return SpecState(alpha=base.alpha_prior, policy=policy, max_k=max_k)
+        return SpecState(alpha=self.speculator.starting_alpha(policy), policy=policy, max_k=max_k)
 
     def abort_request(self, request_id: str) -> bool:
         seq = self.scheduler.find(request_id)

@@ -7,10 +7,13 @@
   is far past saturation.
 
 Load enters as two signals, each 1 at its threshold: the prune signal, the target tokens a step
-would have with full speculation over the knee, and the off signal, the tokens with no speculation
-at all over the knee (plain decoding already compute-bound: a draft token then costs as much as a
-real one and cannot pay). A waiting queue raises both (admissions are held back by our batch), a
-nearly full KV cache raises the first, and the router's cluster-wide load is a floor under each.
+would have with full speculation over the knee, and the off signal, the requests decoding over
+the number at which the goodput model stops finding any k that pays at the prior acceptance
+(`off_batch`; past it a draft token costs about as much as a real one). The knee alone is no
+guide to that on a CPU, whose step time can jump between 2 and 8 tokens and then stay flat to 16:
+there k = 1 still paid at 16 requests, 9 % over none, while the knee put them far past it.
+A waiting queue raises both (admissions are held back by our batch), a nearly full KV cache
+raises the first, and the router's cluster-wide load is a floor under each.
 Hysteresis keeps the mode from flapping: a signal crosses its threshold upwards at 1 + margin and
 downwards at 1 - margin, and a new mode must be wanted for `patience` consecutive steps.
 """
@@ -33,7 +36,7 @@ class ControllerConfig:
     patience: int = 3  # consecutive steps a new mode must be wanted before it is taken
     margin: float = 0.15  # relative band around each threshold
     prune_pressure: float = 1.0  # full-speculation target tokens over the knee
-    off_pressure: float = 1.0  # no-speculation target tokens over the knee
+    off_pressure: float = 1.0  # no-speculation target tokens over off_batch
     cluster_prune: float = 1.0  # fleet load (the router's signal) that keeps speculation short
     cluster_off: float = 2.0  # fleet load that switches it off
     kv_high: float = 0.9  # above this KV use, speculation's slots compete with admissions
@@ -79,6 +82,7 @@ class ModeController:
         self.config = config or ControllerConfig()
         self.allow_overlap = allow_overlap
         self.knee = cost.knee()
+        self.off_batch = self._off_batch(alpha_prior)
         self.mode = "overlap" if allow_overlap else "prune"
         self.cluster_load = 0.0
         self.last_pressure = Pressure(0.0, 0.0)
@@ -103,7 +107,7 @@ class ModeController:
         prune = queue * speculative / (self.knee * config.prune_pressure)
         if load.kv_usage >= config.kv_high:
             prune = max(prune, 1.0 + config.margin)
-        off = queue * plain / (self.knee * config.off_pressure)
+        off = queue * plain / (self.off_batch * config.off_pressure)
         return Pressure(
             max(prune, cluster / config.cluster_prune), max(off, cluster / config.cluster_off)
         )
@@ -163,6 +167,22 @@ class ModeController:
         acceptance = [[alpha] * self.max_k] * load.num_running
         step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap)
         return choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=min_gain)
+
+    def _off_batch(self, alpha: float) -> float:
+        """The fewest decoding requests past which no k pays any more at acceptance `alpha`
+        (sequential steps, no prefill). Not the first batch where none pays: a CPU's curve can
+        make k = 1 lose at 2 requests and win again at 16."""
+        if self.max_k == 0:
+            return 1.0
+        largest = self.cost.target_points[-1]
+        batch, off = 1, 1
+        while batch <= largest:
+            full = LoadView(batch, 0, 0, batch * (1 + self.max_k), 0.0)
+            nxt = max(batch + 1, round(batch * 1.1))
+            if self._best(full, alpha).speculates:
+                off = nxt
+            batch = nxt
+        return float(min(off, largest))
 
     def _switch(self, mode: str, pressure: Pressure) -> None:
         if mode != self.mode or self.num_steps == 0:

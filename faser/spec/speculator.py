@@ -71,6 +71,13 @@ class Speculator:
             self._policies[name] = policy
         return self._policies[name]
 
+    def starting_alpha(self, policy: str) -> float:
+        """A new request's acceptance estimate: what the draft achieved on this policy's earlier
+        requests (the global prior before any); a fixed prior over- or under-speculates every
+        new request's first steps."""
+        known = self._policies.get(policy)
+        return known.population_alpha if known is not None else self.config.alpha_prior
+
     @property
     def cost_model(self) -> CostProfile:
         if self._cost_model is None:
@@ -122,8 +129,10 @@ class Speculator:
         self.num_steps += 1
         if not self.trace.enabled or not verdicts:
             return
-        main = plans.get(self.config.policy)
-        notes = main.notes if main is not None else {}
+        name = self.config.policy
+        if name not in plans and len(plans) == 1:  # every request overrides the engine's policy
+            name = next(iter(plans))
+        notes = plans[name].notes if name in plans else {}
         self.trace.record(
             self.num_steps, self.mode, [len(d) for d in proposal.draft_token_ids], frontier,
             predicted_accepted=notes.get("expected_accepted"),
@@ -131,6 +140,7 @@ class Speculator:
             predicted_time_s=notes.get("predicted_time_s"),
             measured_time_s=elapsed,
             cluster_load=self._cluster_load,
+            policy=name,
             **{k: v for k, v in notes.items() if k not in _TRACE_FIELDS},
         )
 

@@ -43,6 +43,16 @@ def test_speculation_accepts_some_and_rejects_some(tiny_models):
     assert all(1.0 < o.spec.mean_acceptance_length < 5.0 for o in outputs)
 
 
+def test_a_new_request_starts_from_the_policys_observed_acceptance(tiny_models):
+    llm, _ = run(tiny_models, "gqa_tied", "fixed:4")
+    before = llm.engine.config.spec.alpha_prior
+    observed = llm.engine.speculator.policy("fixed").population_alpha
+    assert observed != pytest.approx(before)  # the tiny draft is no coin flip
+    llm.engine.add_request("late", PROMPTS[0], GREEDY)
+    late = llm.engine.scheduler.find("late")
+    assert late.spec_state.alpha == pytest.approx(observed)
+
+
 @pytest.mark.parametrize("frontier_size", [1, 2])
 def test_frontiers_prune_and_stay_lossless(tiny_models, hf_greedy, frontier_size):
     """Verification in frontiers computes no position after a rejection."""

@@ -4,13 +4,14 @@ import random
 import pytest
 
 from faser.spec.controller import ControllerConfig, ModeController
+from faser.spec.cost_model import CostProfile
 from faser.spec.plan import LoadView
 from tests.spec.spec_profiles import linear, roofline
 
 # knee at 64 tokens; with max_k = 4 a request puts 5 tokens in the target batch with full
 # speculation: the prune signal is num_running * 5 / 64 (1 at 12.8 requests), the off signal
-# num_running / 64; with the 15 % margin, prune from 14.7 requests down to 10.9, off from 73.6
-# down to 54.4
+# num_running / off_batch, 62 requests at the prior 0.8 (from 65 on no k pays); with the 15 %
+# margin, prune from 14.7 requests down to 10.9, off from 71.3 down to 52.7
 PROFILE = roofline(knee=64)
 MAX_K = 4
 
@@ -105,6 +106,22 @@ def test_off_when_speculation_cannot_pay():
     ctrl = ModeController(cpu, MAX_K, config=ControllerConfig(patience=2))
     assert run(ctrl, [load(4)] * 2, alpha=0.01) == ["off", "off"]
     assert run(ctrl, [load(4)] * 2, alpha=0.9) == ["off", "prune"]
+
+
+def test_a_cpu_curve_with_an_early_jump_keeps_speculating_where_it_pays():
+    """The target's step as profiled here (SmolLM2-135M, fp32, 2 threads): 4 tokens cost 1.6x
+    one, 16 barely more than 8. The knee sits at 2 tokens, yet k = 1 paid at 16 requests (9 %
+    over none, measured); past about 20 requests it stops paying."""
+    cpu = CostProfile(
+        (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        (0.0301, 0.0324, 0.0492, 0.0633, 0.0657, 0.0802, 0.120, 0.182, 0.353, 0.977),
+        (1, 2, 4, 8, 16, 32, 64),
+        (0.00155, 0.00155, 0.00221, 0.00275, 0.0031, 0.00452, 0.00707),
+    )
+    ctrl = ModeController(cpu, MAX_K, alpha_prior=0.5)
+    assert ctrl.knee < 4 and 16 < ctrl.off_batch < 40
+    assert run(ctrl, [load(16)] * 4, alpha=0.36)[-1] == "prune"
+    assert run(ctrl, [load(40)] * 4, alpha=0.36)[-1] == "off"
 
 
 def test_never_overlap_when_not_allowed():
