@@ -29,6 +29,7 @@ from faser.spec.goodput import KChoice, StepCost, choose_k
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
+OFF_BATCH_REFRESH_S = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +82,10 @@ class ModeController:
         self.alpha_prior = alpha_prior
         self.config = config or ControllerConfig()
         self.allow_overlap = allow_overlap
+        self.step_overhead_s = 0.0  # a real step's time beyond its forwards (StepOverhead)
         self.knee = cost.knee()
         self.off_batch = self._off_batch(alpha_prior)
+        self._off_batch_overhead_s = 0.0  # the overhead off_batch was found with
         self.mode = "overlap" if allow_overlap else "prune"
         self.cluster_load = 0.0
         self.last_pressure = Pressure(0.0, 0.0)
@@ -95,6 +98,14 @@ class ModeController:
     def set_cluster_load(self, load: float) -> None:
         """The router's fleet-wide signal, 0 (idle) .. 1+ (overloaded)."""
         self.cluster_load = max(0.0, float(load))
+
+    def set_step_overhead(self, seconds: float) -> None:
+        """The learned step overhead (faser.spec.overhead). It makes speculation pay at larger
+        batches, so off_batch is found again once it has moved by a millisecond."""
+        self.step_overhead_s = seconds
+        if abs(seconds - self._off_batch_overhead_s) >= OFF_BATCH_REFRESH_S:
+            self.off_batch = self._off_batch(self.alpha_prior)
+            self._off_batch_overhead_s = seconds
 
     def pressure(self, load: LoadView) -> Pressure:
         config = self.config
@@ -165,7 +176,8 @@ class ModeController:
         self, load: LoadView, alpha: float, *, overlap: bool = False, min_gain: float = 0.0
     ) -> KChoice:
         acceptance = [[alpha] * self.max_k] * load.num_running
-        step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap)
+        step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap,
+                             overhead_s=self.step_overhead_s)
         return choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=min_gain)
 
     def _off_batch(self, alpha: float) -> float:

@@ -22,9 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-TARGET_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# dense where one request's k decides (a CPU's step jumped 1.5x between 2 and 4 tokens, so the
+# straight line between them overpriced k = 2 at batch 1), then doubling
+TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
-PROFILE_VERSION = 2  # 2: keys name the checkpoints' files (a draft replaced in place was reused)
+# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3: denser points
+PROFILE_VERSION = 3
 # The knee is where the step time's elasticity d ln t / d ln n reaches one half: on t = t0 + c n
 # where the growing part equals the fixed part (n = t0 / c), on a roofline max(t0, c n) its corner.
 KNEE_ELASTICITY = 0.5

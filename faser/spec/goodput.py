@@ -62,7 +62,8 @@ class StepCost:
     requests; the target verifies sum_i (k_i + 1) + prefill tokens in one forward. With `overlap`
     the two run on separate lanes and only part of the drafting hides behind the target (see
     `_combine`); with `sunk_draft_s` the
-    drafting is done and its time is fixed (trimming after the draft)."""
+    drafting is done and its time is fixed (trimming after the draft); `overhead_s` is the rest of
+    a real step (scheduling, sampling, long contexts), the same whatever k is."""
 
     def __init__(
         self,
@@ -72,10 +73,12 @@ class StepCost:
         *,
         overlap: bool = False,
         sunk_draft_s: float | None = None,
+        overhead_s: float = 0.0,
     ) -> None:
         self.cost = cost
         self.overlap = overlap
         self.sunk_draft_s = sunk_draft_s
+        self.overhead_s = overhead_s  # the step's time beyond its forwards (StepOverhead)
         self.num_target_tokens = num_requests + max(0, num_prefill_tokens)
         self.batch_per_position: list[int] = []  # b_j: requests drafting position j
         # the draft's extra seconds for one more request at each position, kept up to date so
@@ -125,12 +128,12 @@ class StepCost:
 
     def _combine(self, draft_s: float, target_s: float) -> float:
         if not self.overlap:
-            return draft_s + target_s
+            return self.overhead_s + draft_s + target_s
         # in the overlapped pipeline the first frontier's drafts (and any not carried over from
         # the previous step's post-verify) are still on the critical path: only the rest of the
         # drafting hides behind verification
         exposed = OVERLAP_EXPOSED_DRAFT * draft_s
-        return exposed + max(draft_s - exposed, target_s)
+        return self.overhead_s + exposed + max(draft_s - exposed, target_s)
 
 
 @dataclass(frozen=True, slots=True)

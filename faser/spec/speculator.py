@@ -16,6 +16,8 @@ from faser.outputs import SpecStats
 from faser.runner.lanes import Lanes
 from faser.runner.model_runner import ModelRunner
 from faser.spec.cost_model import CostProfile
+from faser.spec.goodput import StepCost
+from faser.spec.overhead import StepOverhead
 from faser.spec.overlap import OverlapStep
 from faser.spec.plan import LoadView, StepPlan
 from faser.spec.policy import Policy, make_policy
@@ -53,6 +55,7 @@ class Speculator:
         self.mode = "off" if config.policy == "off" else "prune"
         self.stats = SpecStats()
         self.trace = DecisionTrace.from_config(config)
+        self.overhead = StepOverhead()  # what real steps cost beyond the cost profile
         self.num_steps = 0
         self.overlap: OverlapStep | None = None  # set by use_lanes
         # test and benchmark hook: every speculative step overlaps when lanes exist
@@ -68,6 +71,7 @@ class Speculator:
             policy = make_policy(replace(self.config, policy=name), cost_model=cost)
             if policy.controller is not None and self._cluster_load is not None:
                 policy.controller.set_cluster_load(self._cluster_load)
+            policy.set_step_overhead(self.overhead.seconds)
             self._policies[name] = policy
         return self._policies[name]
 
@@ -111,7 +115,8 @@ class Speculator:
         frontier = self.config.frontier_size or min(
             (p.frontier_size for p in plans.values() if p.frontier_size), default=None
         )
-        if self._overlaps(plans, max_k):
+        overlapped = self._overlaps(plans, max_k)
+        if overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
                 decodes, prefills, max_k, frontier, self._stop_confidence(plans), reserve,
                 self._draft_budget(decodes, prefills, max_k, frontier),
@@ -122,8 +127,25 @@ class Speculator:
             proposal = self._propose(decodes, max_k, plans)
             verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         self._observe(decodes, proposal, verdicts)
-        self._record(plans, proposal, verdicts, frontier, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if not overlapped:  # an overlapped step's profiled time is a guess of its own
+            self._learn_overhead(proposal, sum(n for _, n in prefills), elapsed)
+        self._record(plans, proposal, verdicts, frontier, elapsed)
         return verdicts, prefill_tokens
+
+    def _learn_overhead(self, proposal: Proposal, num_prefill_tokens: int, elapsed: float) -> None:
+        """Measured minus profiled time of what a sequential step ran, handed to every policy.
+        Only once a cost-aware policy has profiled: a plain policy never pays for profiling."""
+        if self._cost_model is None:
+            return
+        ks = [len(d) for d in proposal.draft_token_ids]
+        step = StepCost(self._cost_model, len(ks), num_prefill_tokens)
+        for k in ks:
+            for position in range(k):
+                step.add(position)
+        self.overhead.observe(step.total(), elapsed)
+        for policy in self._policies.values():
+            policy.set_step_overhead(self.overhead.seconds)
 
     def _record(self, plans, proposal: Proposal, verdicts, frontier, elapsed: float) -> None:
         self.num_steps += 1

@@ -53,6 +53,15 @@ def test_a_new_request_starts_from_the_policys_observed_acceptance(tiny_models):
     assert late.spec_state.alpha == pytest.approx(observed)
 
 
+def test_the_step_overhead_is_learned_only_once_a_policy_profiled(tiny_models):
+    llm, _ = run(tiny_models, "gqa_tied", "fixed:2")
+    assert llm.engine.speculator.overhead.num_steps == 0  # a plain policy never profiles
+    llm, _ = run(tiny_models, "gqa_tied", "faser")
+    speculator = llm.engine.speculator
+    assert speculator.overhead.num_steps > 0
+    assert speculator.policy("faser").step_overhead_s == speculator.overhead.seconds
+
+
 @pytest.mark.parametrize("frontier_size", [1, 2])
 def test_frontiers_prune_and_stay_lossless(tiny_models, hf_greedy, frontier_size):
     """Verification in frontiers computes no position after a rejection."""
