@@ -20,7 +20,9 @@ class SpecConfig:
     # number of running requests gives k.
     dsd_table: tuple[tuple[int, int], ...] = ((1, 5), (4, 4), (8, 3), (16, 2), (32, 1), (64, 0))
     alpha_prior: float = 0.5  # global prior of per-token acceptance before a request has history
-    alpha_ema: float = 0.3  # weight of the newest step in the per-request acceptance EMA
+    # weight of the newest step in the per-request acceptance EMA: at 0.3 three rejections in a
+    # row (27 % likely at alpha 0.35) pushed a request below what pays, and it stopped drafting
+    alpha_ema: float = 0.1
     # per step without speculation, a request's estimate moves this far toward the policy's
     # population estimate: a run of rejections must not switch a request off for good (with no
     # drafts it would never be measured again)

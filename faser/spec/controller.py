@@ -29,7 +29,7 @@ from faser.spec.goodput import KChoice, StepCost, choose_k
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
-OFF_BATCH_REFRESH_S = 0.001
+OFF_BATCH_REFRESH_S = 0.0001  # per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +82,7 @@ class ModeController:
         self.alpha_prior = alpha_prior
         self.config = config or ControllerConfig()
         self.allow_overlap = allow_overlap
-        self.step_overhead_s = 0.0  # a real step's time beyond its forwards (StepOverhead)
+        self.overhead_per_request_s = 0.0  # per request: a real step's time beyond its forwards
         self.knee = cost.knee()
         self.off_batch = self._off_batch(alpha_prior)
         self._off_batch_overhead_s = 0.0  # the overhead off_batch was found with
@@ -99,10 +99,10 @@ class ModeController:
         """The router's fleet-wide signal, 0 (idle) .. 1+ (overloaded)."""
         self.cluster_load = max(0.0, float(load))
 
-    def set_step_overhead(self, seconds: float) -> None:
+    def set_overhead_per_request(self, seconds: float) -> None:
         """The learned step overhead (faser.spec.overhead). It makes speculation pay at larger
-        batches, so off_batch is found again once it has moved by a millisecond."""
-        self.step_overhead_s = seconds
+        batches, so off_batch is found again once it has moved by a tenth of a millisecond."""
+        self.overhead_per_request_s = seconds
         if abs(seconds - self._off_batch_overhead_s) >= OFF_BATCH_REFRESH_S:
             self.off_batch = self._off_batch(self.alpha_prior)
             self._off_batch_overhead_s = seconds
@@ -177,7 +177,7 @@ class ModeController:
     ) -> KChoice:
         acceptance = [[alpha] * self.max_k] * load.num_running
         step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap,
-                             overhead_s=self.step_overhead_s)
+                             overhead_per_request_s=self.overhead_per_request_s)
         return choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=min_gain)
 
     def _off_batch(self, alpha: float) -> float:

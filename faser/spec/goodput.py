@@ -62,8 +62,8 @@ class StepCost:
     requests; the target verifies sum_i (k_i + 1) + prefill tokens in one forward. With `overlap`
     the two run on separate lanes and only part of the drafting hides behind the target (see
     `_combine`); with `sunk_draft_s` the
-    drafting is done and its time is fixed (trimming after the draft); `overhead_s` is the rest of
-    a real step (scheduling, sampling, long contexts), the same whatever k is."""
+    drafting is done and its time is fixed (trimming after the draft); `overhead_per_request_s`
+    prices the rest of a real step (scheduling, sampling, long contexts), whatever k is."""
 
     def __init__(
         self,
@@ -73,12 +73,13 @@ class StepCost:
         *,
         overlap: bool = False,
         sunk_draft_s: float | None = None,
-        overhead_s: float = 0.0,
+        overhead_per_request_s: float = 0.0,
     ) -> None:
         self.cost = cost
         self.overlap = overlap
         self.sunk_draft_s = sunk_draft_s
-        self.overhead_s = overhead_s  # the step's time beyond its forwards (StepOverhead)
+        # the step's time beyond its forwards (faser.spec.overhead), the same whatever k is
+        self.overhead_s = overhead_per_request_s * max(0, num_requests)
         self.num_target_tokens = num_requests + max(0, num_prefill_tokens)
         self.batch_per_position: list[int] = []  # b_j: requests drafting position j
         # the draft's extra seconds for one more request at each position, kept up to date so

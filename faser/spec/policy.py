@@ -41,15 +41,16 @@ class Policy(ABC):
         self.controller: ModeController | None = None  # only the adaptive policies have one
         # per-token acceptance over every request this policy has seen, from the global prior
         self.population_alpha = config.alpha_prior
-        self.step_overhead_s = 0.0  # a real step's time beyond its forwards (StepOverhead)
+        # a real step's time beyond its forwards, per request (faser.spec.overhead)
+        self.overhead_per_request_s = 0.0
 
     @abstractmethod
     def plan(self, states: list[SpecState], load: LoadView) -> StepPlan: ...
 
-    def set_step_overhead(self, seconds: float) -> None:
-        self.step_overhead_s = seconds
+    def set_overhead_per_request(self, seconds: float) -> None:
+        self.overhead_per_request_s = seconds
         if self.controller is not None:
-            self.controller.set_step_overhead(seconds)
+            self.controller.set_overhead_per_request(seconds)
 
     def trim(
         self, plan: StepPlan, states: list[SpecState], confidences: list[list[float]]
@@ -184,7 +185,7 @@ class FaserPolicy(Policy):
             "max_step_time_s": max_step_time_s,
             "mean_alpha": alpha,
             "population_alpha": self.population_alpha,
-            "step_overhead_s": self.step_overhead_s,
+            "overhead_per_request_s": self.overhead_per_request_s,
         }
         if mode == "off" or not states:
             return StepPlan(max_k=[0] * len(states), mode="off", notes=notes)
@@ -192,7 +193,7 @@ class FaserPolicy(Policy):
         acceptance = [[_prob(s.alpha)] * min(max(0, s.max_k), cap) for s in states]
         overlap = mode == "overlap"
         step_cost = StepCost(self.cost, len(states), load.num_prefill_tokens, overlap=overlap,
-                             overhead_s=self.step_overhead_s)
+                             overhead_per_request_s=self.overhead_per_request_s)
         slo = choose_k_for_slo(
             acceptance, step_cost, token_budget=load.token_budget,
             max_step_time_s=max_step_time_s, tpot_deadlines_s=tpot_deadlines_s,
@@ -234,7 +235,7 @@ class FaserPolicy(Policy):
             prefill if isinstance(prefill, int) else 0,
             overlap=plan.overlap,
             sunk_draft_s=sunk,
-            overhead_s=self.step_overhead_s,
+            overhead_per_request_s=self.overhead_per_request_s,
         )
         max_time = plan.notes.get("max_step_time_s")
         max_time = float(max_time) if isinstance(max_time, int | float) else None

@@ -71,7 +71,7 @@ class Speculator:
             policy = make_policy(replace(self.config, policy=name), cost_model=cost)
             if policy.controller is not None and self._cluster_load is not None:
                 policy.controller.set_cluster_load(self._cluster_load)
-            policy.set_step_overhead(self.overhead.seconds)
+            policy.set_overhead_per_request(self.overhead.per_request_s)
             self._policies[name] = policy
         return self._policies[name]
 
@@ -110,6 +110,7 @@ class Speculator:
         reserve: Reserve,
     ) -> tuple[list[Verdict], list[int | None]]:
         start = time.perf_counter()
+        profiled = self._cost_model is not None  # else this step may pay for the profiling
         plans = self._plan(decodes, prefills, load)
         max_k = self._fit(decodes, plans, load.token_budget, reserve)
         frontier = self.config.frontier_size or min(
@@ -128,24 +129,24 @@ class Speculator:
             verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         self._observe(decodes, proposal, verdicts)
         elapsed = time.perf_counter() - start
-        if not overlapped:  # an overlapped step's profiled time is a guess of its own
-            self._learn_overhead(proposal, sum(n for _, n in prefills), elapsed)
+        # an overlapped step's profiled time is a guess of its own; a prefill's is priced apart
+        if profiled and not overlapped and not prefills:
+            self._learn_overhead(proposal, elapsed)
         self._record(plans, proposal, verdicts, frontier, elapsed)
         return verdicts, prefill_tokens
 
-    def _learn_overhead(self, proposal: Proposal, num_prefill_tokens: int, elapsed: float) -> None:
-        """Measured minus profiled time of what a sequential step ran, handed to every policy.
-        Only once a cost-aware policy has profiled: a plain policy never pays for profiling."""
-        if self._cost_model is None:
-            return
+    def _learn_overhead(self, proposal: Proposal, elapsed: float) -> None:
+        """Measured minus profiled time of what a sequential decode step ran, handed to every
+        policy. Only once a cost-aware policy has profiled: a plain one never pays for that."""
+        assert self._cost_model is not None
         ks = [len(d) for d in proposal.draft_token_ids]
-        step = StepCost(self._cost_model, len(ks), num_prefill_tokens)
+        step = StepCost(self._cost_model, len(ks))
         for k in ks:
             for position in range(k):
                 step.add(position)
-        self.overhead.observe(step.total(), elapsed)
+        self.overhead.observe(step.total(), elapsed, len(ks))
         for policy in self._policies.values():
-            policy.set_step_overhead(self.overhead.seconds)
+            policy.set_overhead_per_request(self.overhead.per_request_s)
 
     def _record(self, plans, proposal: Proposal, verdicts, frontier, elapsed: float) -> None:
         self.num_steps += 1

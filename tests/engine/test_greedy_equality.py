@@ -59,7 +59,7 @@ def test_the_step_overhead_is_learned_only_once_a_policy_profiled(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "faser")
     speculator = llm.engine.speculator
     assert speculator.overhead.num_steps > 0
-    assert speculator.policy("faser").step_overhead_s == speculator.overhead.seconds
+    assert speculator.policy("faser").overhead_per_request_s == speculator.overhead.per_request_s
 
 
 @pytest.mark.parametrize("frontier_size", [1, 2])

@@ -24,8 +24,8 @@ MAX_TOKENS = 24
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 
 
-def overlapped(target, draft, policy, frontier=None, prompt_lookup=True, **kwargs) -> LLM:
-    spec = SpecConfig(policy=policy, frontier_size=frontier, prompt_lookup=prompt_lookup)
+def overlapped(target, draft, policy, frontier=None, spec_fields=None, **kwargs) -> LLM:
+    spec = SpecConfig(policy=policy, frontier_size=frontier, **(spec_fields or {}))
     llm = LLM(str(target), draft_model=str(draft), spec=spec, lane_threads=(1, 1),
               num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs)
     llm.engine.speculator.force_overlap = True
@@ -75,8 +75,10 @@ def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
     draft almost never runs alone."""
     target = tiny_models["gqa_tied"]
     # no prompt lookup: a random-weight model is right but never sure, and a looked-up guess
-    # would replace its (always accepted) tokens
-    llm = overlapped(target, target, "fixed:4", prompt_lookup=False)
+    # would replace its (always accepted) tokens; a fast-moving estimate, so that a few steps
+    # take it from the prior to "all accepted"
+    llm = overlapped(target, target, "fixed:4",
+                     spec_fields={"prompt_lookup": False, "alpha_ema": 0.3})
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs, strict=True):

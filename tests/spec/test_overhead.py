@@ -12,24 +12,26 @@ from faser.spec.state import SpecState
 from tests.spec.spec_profiles import linear
 
 
-def test_overhead_starts_at_the_first_residual_then_moves_slowly():
+def test_overhead_is_per_request_and_starts_at_the_first_residual():
     overhead = StepOverhead()
-    assert overhead.seconds == 0.0
-    overhead.observe(predicted_s=0.060, measured_s=0.085)
-    assert overhead.seconds == pytest.approx(0.025)
-    overhead.observe(predicted_s=0.060, measured_s=0.060)
-    assert overhead.seconds == pytest.approx(0.025 * (1 - OVERHEAD_EMA))
+    assert overhead.per_request_s == 0.0
+    overhead.observe(predicted_s=0.060, measured_s=0.084, num_requests=16)
+    assert overhead.per_request_s == pytest.approx(0.0015)
+    overhead.observe(predicted_s=0.060, measured_s=0.060, num_requests=16)
+    assert overhead.per_request_s == pytest.approx(0.0015 * (1 - OVERHEAD_EMA))
+    overhead.observe(predicted_s=0.0, measured_s=1.0, num_requests=0)  # nothing to divide by
+    assert overhead.num_steps == 2
 
 
 def test_a_profile_that_overprices_steps_gives_no_negative_overhead():
     overhead = StepOverhead()
-    overhead.observe(predicted_s=0.080, measured_s=0.060)
-    assert overhead.seconds == 0.0
+    overhead.observe(predicted_s=0.080, measured_s=0.060, num_requests=4)
+    assert overhead.per_request_s == 0.0
 
 
 def test_overhead_adds_to_the_step_not_to_a_draft_tokens_price():
     cost = linear(fixed_s=0.010, per_token_s=0.001)
-    bare, loaded = StepCost(cost, 4), StepCost(cost, 4, overhead_s=0.02)
+    bare, loaded = StepCost(cost, 4), StepCost(cost, 4, overhead_per_request_s=0.005)
     assert loaded.total() == pytest.approx(bare.total() + 0.02)
     assert loaded.marginal(0) == pytest.approx(bare.marginal(0))
     bare.add(0), loaded.add(0)
@@ -46,8 +48,8 @@ def test_with_the_overhead_known_a_marginal_draft_token_pays():
 
     def planned(overhead_s: float) -> list[int]:
         policy = FaserPolicy(SpecConfig(policy="faser", num_speculative_tokens=1), cost)
-        policy.set_step_overhead(overhead_s)
+        policy.set_overhead_per_request(overhead_s)
         return policy.plan(states, load).max_k
 
     assert planned(0.0) == [0, 0, 0, 0]
-    assert planned(0.040) == [1, 1, 1, 1]
+    assert planned(0.010) == [1, 1, 1, 1]  # 40 ms over the 4 requests

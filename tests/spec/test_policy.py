@@ -99,7 +99,8 @@ def test_a_request_without_drafts_drifts_back_to_the_population():
     """A run of rejections drives a request's estimate below what pays; with no drafts it would
     never be measured again, so steps without speculation move it toward the policy's estimate
     over every request (which the rejections moved only a little)."""
-    policy = make_policy(SpecConfig(policy="fixed", alpha_prior=0.4, alpha_recovery=0.1))
+    policy = make_policy(SpecConfig(policy="fixed", alpha_prior=0.4, alpha_ema=0.3,
+                                    alpha_recovery=0.1))
     unlucky, typical = SpecState(0.4, "fixed", 1), SpecState(0.4, "fixed", 1)
     for _ in range(5):
         policy.observe(unlucky, 1, 0)
