@@ -29,7 +29,7 @@ from faser.spec.goodput import KChoice, StepCost, choose_k
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
-OFF_BATCH_REFRESH_S = 0.0001  # per request
+OFF_BATCH_REFRESH = 0.25  # relative move of the overhead that has off_batch found again
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +101,11 @@ class ModeController:
 
     def set_overhead_per_request(self, seconds: float) -> None:
         """The learned step overhead (faser.spec.overhead). It makes speculation pay at larger
-        batches, so off_batch is found again once it has moved by a tenth of a millisecond."""
+        batches, so off_batch is found again, but only once the overhead has moved by a
+        quarter: finding it costs tens of milliseconds, and the pay check decides meanwhile."""
         self.overhead_per_request_s = seconds
-        if abs(seconds - self._off_batch_overhead_s) >= OFF_BATCH_REFRESH_S:
+        found_with = self._off_batch_overhead_s
+        if abs(seconds - found_with) > OFF_BATCH_REFRESH * max(found_with, 1e-4):
             self.off_batch = self._off_batch(self.alpha_prior)
             self._off_batch_overhead_s = seconds
 
