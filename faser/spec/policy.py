@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from faser.config import SpecConfig
+from faser.spec.calibration import ConfidenceCalibration
 from faser.spec.controller import ControllerConfig, ModeController
 from faser.spec.cost_model import CostProfile
 from faser.spec.goodput import (
@@ -59,8 +60,15 @@ class Policy(ABC):
         own token t for request i. Static policies keep what was drafted (within the plan)."""
         return [min(len(c), k) for c, k in zip(confidences, plan.max_k, strict=True)]
 
-    def observe(self, state: SpecState, num_drafted: int, num_accepted: int) -> None:
-        """Updates the acceptance EMA. The step's verification is a run of Bernoulli trials that
+    def observe(
+        self,
+        state: SpecState,
+        num_drafted: int,
+        num_accepted: int,
+        confidences: Sequence[float] = (),
+    ) -> None:
+        """Updates the acceptance EMA (`confidences`, the drafted tokens' own, are for policies
+        that learn from them). The step's verification is a run of Bernoulli trials that
         stops at the first rejection, so the per-token estimate is accepted / trials seen
         (accepted, plus one if a rejection ended the run); accepted / drafted would read 0.59 for
         a true alpha of 0.8 at k = 4 and make every adaptive choice too short."""
@@ -114,8 +122,14 @@ class HeuristicPolicy(Policy):
         ks = fit_budget(ks, load.token_budget)
         return StepPlan(max_k=ks, mode=_static_mode(ks))
 
-    def observe(self, state: SpecState, num_drafted: int, num_accepted: int) -> None:
-        super().observe(state, num_drafted, num_accepted)
+    def observe(
+        self,
+        state: SpecState,
+        num_drafted: int,
+        num_accepted: int,
+        confidences: Sequence[float] = (),
+    ) -> None:
+        super().observe(state, num_drafted, num_accepted, confidences)
         if num_drafted > 0:
             k = self._current_k(state)
             k = k + 2 if num_accepted >= num_drafted else k - 1
@@ -154,6 +168,7 @@ class FaserPolicy(Policy):
         super().__init__(config, cost_model)
         self.cost: CostProfile = cost_model
         self.confidence_weight = confidence_weight
+        self.calibration = ConfidenceCalibration()  # draft confidence -> acceptance, learned
         self.prune_k_fraction = prune_k_fraction
         self.controller = ModeController(
             cost_model,
@@ -224,7 +239,8 @@ class FaserPolicy(Policy):
             return drafted
         stop, weight = self.config.draft_stop_confidence, self.confidence_weight
         acceptance = [
-            calibrate(_confident_prefix(c[:k], stop), s.alpha, weight)
+            calibrate([self.calibration(q) for q in _confident_prefix(c[:k], stop)], s.alpha,
+                      weight)
             for c, k, s in zip(confidences, drafted, states, strict=True)
         ]
         sunk = sum(self.cost.draft_time(sum(k > j for k in drafted)) for j in range(max(drafted)))
@@ -247,6 +263,16 @@ class FaserPolicy(Policy):
         plan.notes["trimmed_expected_accepted"] = choice.expected_accepted
         plan.notes["trimmed_time_s"] = choice.step_time_s
         return choice.ks
+
+    def observe(
+        self,
+        state: SpecState,
+        num_drafted: int,
+        num_accepted: int,
+        confidences: Sequence[float] = (),
+    ) -> None:
+        super().observe(state, num_drafted, num_accepted, confidences)
+        self.calibration.observe(confidences[:num_drafted], num_accepted)
 
     def _mode_cap(self, mode: str) -> int:
         """At high load (prune) speculation is kept short: each token must pay in real compute."""

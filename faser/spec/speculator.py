@@ -250,7 +250,8 @@ class Speculator:
         return k
 
     def _observe(self, decodes, proposal: Proposal, verdicts: list[Verdict]) -> None:
-        for seq, drafted, verdict in zip(decodes, proposal.draft_token_ids, verdicts, strict=True):
+        rows = zip(decodes, proposal.draft_token_ids, proposal.confidences, verdicts, strict=True)
+        for seq, drafted, confidences, verdict in rows:
             k = len(drafted)
             for stats in (seq.stats, self.stats):
                 stats.num_steps += 1
@@ -259,7 +260,9 @@ class Speculator:
                 stats.num_accepted_tokens += verdict.num_accepted
                 stats.num_pruned_positions += verdict.num_pruned
             self.stats.count_step(k, verdict.num_accepted)
-            self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
+            self.policy(seq.spec_state.policy).observe(
+                seq.spec_state, k, verdict.num_accepted, confidences
+            )
 
 
 def _slo_limits(
