@@ -106,11 +106,12 @@ def graph_parity(model: nn.Module, device: str, sizes: list[int], max_batch: int
 
 
 def build_llm(target: Path, draft: Path, device: str, dtype: str, max_seqs: int,
-              max_len: int, profile_dir: Path, **options) -> LLM:
+              max_len: int, profile_dir: Path, prompt_lookup: bool = True, **options) -> LLM:
     blocks_per_seq = -(-(max_len + 32) // 16)
+    spec = SpecConfig(policy="faser", profile_cache_dir=str(profile_dir),
+                      prompt_lookup=prompt_lookup)
     return LLM(
-        str(target), draft_model=str(draft), device=device, dtype=dtype,
-        spec=SpecConfig(policy="faser", profile_cache_dir=str(profile_dir)),
+        str(target), draft_model=str(draft), device=device, dtype=dtype, spec=spec,
         block_size=16, num_kv_blocks=max_seqs * blocks_per_seq + 16, max_num_seqs=max_seqs,
         max_num_batched_tokens=max(2048, max_seqs), max_model_len=max_len, **options,
     )
