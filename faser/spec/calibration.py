@@ -24,9 +24,14 @@ class ConfidenceCalibration:
         self.accepted = [0.0] * NUM_BINS
         self.trials = [0.0] * NUM_BINS
 
-    def observe(self, confidences: Sequence[float], num_accepted: int) -> None:
-        """One request's verified drafts: their confidences and how many were accepted."""
+    def observe(
+        self, confidences: Sequence[float], num_accepted: int, skip: Sequence[bool] = ()
+    ) -> None:
+        """One request's verified drafts: their confidences and how many were accepted;
+        positions whose `skip` is true are left out (tokens from another source)."""
         for t, q in enumerate(confidences[: num_accepted + 1]):
+            if t < len(skip) and skip[t]:
+                continue
             b = _bin(q)
             self.trials[b] += 1.0
             self.accepted[b] += 1.0 if t < num_accepted else 0.0

@@ -18,7 +18,8 @@ looked-up token does not come from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -35,10 +36,14 @@ class Proposal:
     draft_token_ids: list[list[int]]  # per request, k_i tokens (target vocabulary)
     draft_probs: list[torch.Tensor | None]  # per request [k_i, target_vocab]; None when greedy
     confidences: list[list[float]]  # the draft's probability of each of its own tokens
+    # per request and token: guessed by prompt lookup, not the draft (empty: none tracked)
+    looked_up: list[list[bool]] = field(default_factory=list)
 
     def truncate(self, k: list[int]) -> None:
         for i, k_i in enumerate(k):
             del self.draft_token_ids[i][k_i:], self.confidences[i][k_i:]
+            if self.looked_up:
+                del self.looked_up[i][k_i:]
             probs = self.draft_probs[i]
             if probs is not None:
                 self.draft_probs[i] = probs[:k_i]
@@ -51,6 +56,7 @@ class Proposer:
         target_vocab_size: int,
         token_map: torch.Tensor | None = None,
         prompt_lookup: bool = False,
+        calibration: Callable[[float], float] | None = None,
     ) -> None:
         # token_map: [draft_vocab] target ids, for drafts whose output layer covers only the
         # target's most frequent tokens
@@ -58,11 +64,14 @@ class Proposer:
             token_map = token_map.to(runner.device)
         self.runner, self.target_vocab_size, self.token_map = runner, target_vocab_size, token_map
         self.prompt_lookup = prompt_lookup
+        # the draft's confidence -> how often such tokens are accepted (None: taken at its word)
+        self.calibration = calibration
 
     def propose(
         self, seqs: list[SpecRequest], max_k: list[int], stop_confidence: float | None = None
     ) -> Proposal:
-        proposal = Proposal([[] for _ in seqs], [None] * len(seqs), [[] for _ in seqs])
+        proposal = Proposal([[] for _ in seqs], [None] * len(seqs), [[] for _ in seqs],
+                            [[] for _ in seqs])
         q_rows: list[list[torch.Tensor]] = [[] for _ in seqs]
         cumulative = [1.0] * len(seqs)
         active = [i for i, k in enumerate(max_k) if k > 0]
@@ -83,10 +92,13 @@ class Proposer:
             rows = self._to_target_vocab(probs, float("-inf"))
             confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
+            looked_up = [False] * len(active)
             if self.prompt_lookup:
                 tails = [seqs[i].token_ids[-MAX_N:] + proposal.draft_token_ids[i] for i in active]
-                self._look_up([seqs[i] for i in active], tails, tokens, confidences)
+                looked_up = prefer_lookup([seqs[i] for i in active], tails, tokens, confidences,
+                                          self.calibration)
             for row, i in enumerate(active):
+                proposal.looked_up[i].append(looked_up[row])
                 proposal.draft_token_ids[i].append(tokens[row])
                 proposal.confidences[i].append(confidences[row])
                 cumulative[i] *= proposal.confidences[i][-1]
@@ -129,32 +141,11 @@ class Proposer:
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         if self.prompt_lookup:
             tails = [context[-MAX_N:] for context in contexts]
-            self._look_up(seqs, tails, tokens, confidences)
+            prefer_lookup(seqs, tails, tokens, confidences, self.calibration)
         return [
             (token, None if seq.params.greedy else rows[row].clone(), conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
-
-    @staticmethod
-    def _look_up(
-        seqs: list[SpecRequest],
-        tails: list[list[int]],  # per row, the newest tokens of the context it drafts from
-        tokens: list[int],
-        confidences: list[float],
-    ) -> None:
-        """In place: greedy rows take the looked-up token when it is likelier to be right."""
-        for row, (seq, tail) in enumerate(zip(seqs, tails, strict=True)):
-            if not seq.params.greedy:
-                continue
-            seq.lookup.extend(seq.token_ids)
-            found = seq.lookup.guess(tail)
-            if found is None:
-                continue
-            token, precision = found
-            if token == tokens[row]:
-                confidences[row] = max(confidences[row], precision)
-            elif precision > confidences[row]:
-                tokens[row], confidences[row] = token, precision
 
     def _chunk(
         self, seq: SpecRequest, step: int, drafted: list[int], guess: torch.Tensor | None
@@ -219,3 +210,30 @@ class Proposer:
         if seq.params.greedy:
             return int(row.argmax())
         return sample_inverse_cdf(row, float(torch.rand(1, generator=seq.generator)))
+
+
+def prefer_lookup(
+    seqs: list[SpecRequest],
+    tails: list[list[int]],  # per row, the newest tokens of the context it drafts from
+    tokens: list[int],
+    confidences: list[float],
+    calibration: Callable[[float], float] | None = None,
+) -> list[bool]:
+    """In place: greedy rows take the looked-up token when it is likelier to be right than the
+    draft's, as `calibration` reads the draft's confidence (a draft can be right yet unsure: one
+    identical to the target but with random weights is never sure); returns which rows did."""
+    taken = [False] * len(seqs)
+    for row, (seq, tail) in enumerate(zip(seqs, tails, strict=True)):
+        if not seq.params.greedy:
+            continue
+        seq.lookup.extend(seq.token_ids)
+        found = seq.lookup.guess(tail)
+        if found is None:
+            continue
+        token, precision = found
+        draft = calibration(confidences[row]) if calibration else confidences[row]
+        if token == tokens[row]:
+            confidences[row] = max(confidences[row], precision)
+        elif precision > draft:
+            tokens[row], confidences[row], taken[row] = token, precision, True
+    return taken

@@ -15,6 +15,7 @@ from faser.config import SpecConfig
 from faser.outputs import SpecStats
 from faser.runner.lanes import Lanes
 from faser.runner.model_runner import ModelRunner
+from faser.spec.calibration import ConfidenceCalibration
 from faser.spec.cost_model import CostProfile
 from faser.spec.goodput import StepCost
 from faser.spec.overhead import StepOverhead
@@ -46,8 +47,12 @@ class Speculator:
         self._cost_model: CostProfile | None = None
         self.verifier = Verifier(target)
         vocab = target.vocab_size
+        # how often the draft's own tokens are accepted by its confidence, over every policy:
+        # prompt lookup weighs its guesses against it
+        self.draft_calibration = ConfidenceCalibration()
         self.proposer = (
-            Proposer(draft, vocab, token_map, prompt_lookup=config.prompt_lookup)
+            Proposer(draft, vocab, token_map, prompt_lookup=config.prompt_lookup,
+                     calibration=self.draft_calibration)
             if draft is not None else None
         )
         self._policies: dict[str, Policy] = {}
@@ -251,7 +256,7 @@ class Speculator:
 
     def _observe(self, decodes, proposal: Proposal, verdicts: list[Verdict]) -> None:
         rows = zip(decodes, proposal.draft_token_ids, proposal.confidences, verdicts, strict=True)
-        for seq, drafted, confidences, verdict in rows:
+        for row, (seq, drafted, confidences, verdict) in enumerate(rows):
             k = len(drafted)
             for stats in (seq.stats, self.stats):
                 stats.num_steps += 1
@@ -263,6 +268,9 @@ class Speculator:
             self.policy(seq.spec_state.policy).observe(
                 seq.spec_state, k, verdict.num_accepted, confidences
             )
+            if k and seq.params.greedy:  # sampled drafts are judged on another scale
+                looked_up = proposal.looked_up[row] if proposal.looked_up else ()
+                self.draft_calibration.observe(confidences[:k], verdict.num_accepted, looked_up)
 
 
 def _slo_limits(

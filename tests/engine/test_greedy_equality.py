@@ -62,6 +62,22 @@ def test_the_step_overhead_is_learned_only_once_a_policy_profiled(tiny_models):
     assert speculator.policy("faser").overhead_per_request_s == speculator.overhead.per_request_s
 
 
+def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greedy):
+    """A draft identical to its random-weight target is always right but never sure (its
+    confidences sit near 0.1); looked-up guesses would replace its tokens at first, until the
+    calibration of its confidences has seen them accepted."""
+    target = str(tiny_models["gqa_tied"])
+    llm = LLM(target, draft_model=target, spec=SpecConfig(policy="fixed:4"),
+              num_kv_blocks=96, block_size=4)
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params)
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, 64)
+    stats = llm.engine.stats
+    assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
+    assert llm.engine.speculator.draft_calibration(0.1) > 0.9
+
+
 @pytest.mark.parametrize("frontier_size", [1, 2])
 def test_frontiers_prune_and_stay_lossless(tiny_models, hf_greedy, frontier_size):
     """Verification in frontiers computes no position after a rejection."""

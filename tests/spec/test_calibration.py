@@ -24,6 +24,12 @@ def test_only_judged_positions_count():
     assert calibration(0.25) == pytest.approx(PRIOR_TRIALS * 0.25 / (1 + PRIOR_TRIALS))
 
 
+def test_positions_from_another_source_are_left_out():
+    calibration = ConfidenceCalibration()
+    calibration.observe([0.15, 0.65, 0.25], num_accepted=3, skip=[False, True, False])
+    assert sum(calibration.trials) == 2 and calibration.trials[6] == 0
+
+
 def test_an_underconfident_draft_is_learned():
     calibration = ConfidenceCalibration()
     for i in range(300):  # tokens drafted at q = 0.1 are accepted 40 % of the time

@@ -48,7 +48,7 @@ def test_proposer_takes_the_looked_up_token_only_when_it_is_likelier():
     from types import SimpleNamespace
 
     from faser.sampling_params import SamplingParams
-    from faser.spec.proposer import Proposer
+    from faser.spec.proposer import prefer_lookup
 
     def request(greedy: bool) -> SimpleNamespace:
         params = SamplingParams(temperature=0.0 if greedy else 1.0)
@@ -59,6 +59,11 @@ def test_proposer_takes_the_looked_up_token_only_when_it_is_likelier():
     tails = [[1, 2, 3]] * 4  # each looks up 9, with PRECISION[3]
     tokens = [4, 4, 9, 4]
     confidences = [0.1, 0.9, 0.2, 0.1]
-    Proposer._look_up(seqs, tails, tokens, confidences)
+    taken = prefer_lookup(seqs, tails, tokens, confidences)
     assert tokens == [9, 4, 9, 4]  # unsure draft replaced; sure draft and sampled row kept
     assert confidences == [PRECISION[3], 0.9, PRECISION[3], 0.1]
+    assert taken == [True, False, False, False]
+    # a draft known to be right when it says 0.1 keeps its token
+    tokens, confidences = [4], [0.1]
+    assert prefer_lookup(seqs[:1], tails[:1], tokens, confidences, lambda q: 0.95) == [False]
+    assert tokens == [4]
