@@ -29,7 +29,9 @@ from faser.spec.goodput import KChoice, StepCost, choose_k
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
-OFF_BATCH_REFRESH = 0.25  # relative move of the overhead that has off_batch found again
+OFF_BATCH_REFRESH = 0.25  # relative move of the overhead that has off_batch found again,
+OFF_BATCH_MIN_MOVE_S = 0.00025  # and at least this much (per request),
+OFF_BATCH_EVERY = 100  # at most once per this many steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +88,7 @@ class ModeController:
         self.knee = cost.knee()
         self.off_batch = self._off_batch(alpha_prior)
         self._off_batch_overhead_s = 0.0  # the overhead off_batch was found with
+        self._off_batch_step = -OFF_BATCH_EVERY  # and the step it was found at (none yet)
         self.mode = "overlap" if allow_overlap else "prune"
         self.cluster_load = 0.0
         self.last_pressure = Pressure(0.0, 0.0)
@@ -101,13 +104,17 @@ class ModeController:
 
     def set_overhead_per_request(self, seconds: float) -> None:
         """The learned step overhead (faser.spec.overhead). It makes speculation pay at larger
-        batches, so off_batch is found again, but only once the overhead has moved by a
-        quarter: finding it costs tens of milliseconds, and the pay check decides meanwhile."""
+        batches, so off_batch is found again, but only once the overhead has moved by a quarter
+        and not within 100 steps of the last time: finding it costs tens of milliseconds (5 % of
+        a one-request run when it followed the overhead's early noise), and the pay check
+        decides meanwhile."""
         self.overhead_per_request_s = seconds
         found_with = self._off_batch_overhead_s
-        if abs(seconds - found_with) > OFF_BATCH_REFRESH * max(found_with, 1e-4):
+        moved = abs(seconds - found_with) > max(OFF_BATCH_REFRESH * found_with,
+                                                OFF_BATCH_MIN_MOVE_S)
+        if moved and self.num_steps >= self._off_batch_step + OFF_BATCH_EVERY:
             self.off_batch = self._off_batch(self.alpha_prior)
-            self._off_batch_overhead_s = seconds
+            self._off_batch_overhead_s, self._off_batch_step = seconds, self.num_steps
 
     def pressure(self, load: LoadView) -> Pressure:
         config = self.config
@@ -188,7 +195,9 @@ class ModeController:
         make k = 1 lose at 2 requests and win again at 16."""
         if self.max_k == 0:
             return 1.0
-        largest = self.cost.target_points[-1]
+        # up to the largest batch the draft was profiled at (the engine's max_num_seqs, at most
+        # 64): past it the scan costs seconds and says nothing the pay check would not
+        largest = self.cost.draft_points[-1] if self.cost.draft_points else 64
         batch, off = 1, 1
         while batch <= largest:
             full = LoadView(batch, 0, 0, batch * (1 + self.max_k), 0.0)
@@ -196,7 +205,9 @@ class ModeController:
             if self._best(full, alpha).speculates:
                 off = nxt
             batch = nxt
-        return float(min(off, largest))
+        if off > largest:  # pays throughout: off only past the profile
+            return float(self.cost.target_points[-1])
+        return float(off)
 
     def _switch(self, mode: str, pressure: Pressure) -> None:
         if mode != self.mode or self.num_steps == 0:
