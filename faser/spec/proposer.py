@@ -76,6 +76,10 @@ class Proposer:
         cumulative = [1.0] * len(seqs)
         active = [i for i, k in enumerate(max_k) if k > 0]
         committed = {i: seqs[i].num_tokens for i in active}
+        # prompt lookup: each request's committed tokens indexed once per proposal, their newest
+        tails = None
+        if self.prompt_lookup:
+            tails = dict(zip(active, _index_committed([seqs[i] for i in active]), strict=True))
         guesses: dict[int, torch.Tensor] = {}  # a feature draft's own last output per request
         step = 0
         while active:
@@ -93,10 +97,10 @@ class Proposer:
             confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
             looked_up = [False] * len(active)
-            if self.prompt_lookup:
-                tails = [seqs[i].token_ids[-MAX_N:] + proposal.draft_token_ids[i] for i in active]
-                looked_up = prefer_lookup([seqs[i] for i in active], tails, tokens, confidences,
-                                          self.calibration)
+            if tails is not None:
+                contexts = [tails[i] + proposal.draft_token_ids[i] for i in active]
+                looked_up = prefer_lookup([seqs[i] for i in active], contexts, tokens,
+                                          confidences, self.calibration)
             for row, i in enumerate(active):
                 proposal.looked_up[i].append(looked_up[row])
                 proposal.draft_token_ids[i].append(tokens[row])
@@ -140,6 +144,7 @@ class Proposer:
         confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         if self.prompt_lookup:
+            _index_committed(seqs)
             tails = [context[-MAX_N:] for context in contexts]
             prefer_lookup(seqs, tails, tokens, confidences, self.calibration)
         return [
@@ -221,12 +226,12 @@ def prefer_lookup(
 ) -> list[bool]:
     """In place: greedy rows take the looked-up token when it is likelier to be right than the
     draft's, as `calibration` reads the draft's confidence (a draft can be right yet unsure: one
-    identical to the target but with random weights is never sure); returns which rows did."""
+    identical to the target but with random weights is never sure); returns which rows did.
+    Each request's index must hold its committed tokens (`_index_committed`)."""
     taken = [False] * len(seqs)
     for row, (seq, tail) in enumerate(zip(seqs, tails, strict=True)):
         if not seq.params.greedy:
             continue
-        seq.lookup.extend(seq.token_ids)
         found = seq.lookup.guess(tail)
         if found is None:
             continue
@@ -237,3 +242,16 @@ def prefer_lookup(
         elif precision > draft:
             tokens[row], confidences[row], taken[row] = token, precision, True
     return taken
+
+
+def _index_committed(seqs: list[SpecRequest]) -> list[list[int]]:
+    """Adds the greedy requests' new committed tokens to their lookup index; returns each
+    request's newest MAX_N committed tokens (token_ids builds a list: once per proposal, not
+    once per drafted position)."""
+    tails = []
+    for seq in seqs:
+        token_ids = seq.token_ids
+        if seq.params.greedy:
+            seq.lookup.extend(token_ids)
+        tails.append(token_ids[-MAX_N:])
+    return tails

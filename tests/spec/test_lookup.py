@@ -52,8 +52,9 @@ def test_proposer_takes_the_looked_up_token_only_when_it_is_likelier():
 
     def request(greedy: bool) -> SimpleNamespace:
         params = SamplingParams(temperature=0.0 if greedy else 1.0)
-        return SimpleNamespace(params=params, token_ids=[1, 2, 3, 9, 1, 2, 3],
-                               lookup=PromptLookup())
+        lookup = PromptLookup()
+        lookup.extend([1, 2, 3, 9, 1, 2, 3])  # what the proposer indexes before it drafts
+        return SimpleNamespace(params=params, lookup=lookup)
 
     seqs = [request(True), request(True), request(True), request(False)]
     tails = [[1, 2, 3]] * 4  # each looks up 9, with PRECISION[3]
