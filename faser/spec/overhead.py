@@ -2,10 +2,12 @@
 
 The profile times bare forwards at a short context. A served step also schedules, samples,
 keeps per-request state and gathers each request's paged cache over its whole context: on this
-CPU a decode step of 16 requests took about 85 ms where the profile said 61, one of 32 about 135
-where it said 78. That time grows with the requests in the step, not with their k, so leaving it
-out makes every draft token look dearer than it is, relative to the step it rides in (the
-goodput model kept k = 0 at 16 and 32 requests, where k = 1 paid 9 %). Each decode-only step's
+CPU a decode step of 16 requests took about 85 ms where the profile said 61-66, one of 32 about
+135 where it said 78. That time grows mostly with the requests in the step, so leaving it out
+makes every draft token look dearer than it is, relative to the step it rides in (the goodput
+model kept k = 0 at 16 requests, where k = 1 paid 9 %). Not all of it is independent of k: at
+long contexts each verified token's attention costs more than the profile's, which this model
+leaves out, so at high load it prices speculation too cheap. Each decode-only step's
 measured time minus the profile's prediction for what it ran, per request, feeds an EMA;
 policies add it, times their requests, to every step they predict. Steps with a prefill chunk
 are left out: the profile's long forwards are priced on their own terms.
