@@ -158,12 +158,22 @@ def profile(
     )
 
 
+PROFILE_CACHE_ENV = "FASER_PROFILE_CACHE"
+
+
 def profile_key(
-    model: str, device: str, dtype: str, num_threads: int | None, lane_threads: object = None
+    model: str,
+    device: str,
+    dtype: str,
+    num_threads: int | None,
+    lane_threads: object = None,
+    weight_format: str = "dense",
 ) -> str:
-    """The cache key: a profile is only valid for the hardware, precision and thread split it was
-    measured on."""
+    """The cache key: a profile is only valid for the hardware, precision, weight layout and
+    thread split it was measured on."""
     key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
+    if weight_format != "dense":
+        key = f"{key}|weights={weight_format}"
     return key if lane_threads is None else f"{key}|lanes={lane_threads}"
 
 
@@ -180,8 +190,11 @@ def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:
 
 
 def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "faser" / "profiles"
+    """$FASER_PROFILE_CACHE, else `profiles` in the model cache ($FASER_CACHE, ~/.cache/faser)."""
+    from faser.models.model_cache import cache_root
+
+    configured = os.environ.get(PROFILE_CACHE_ENV)
+    return Path(configured).expanduser() if configured else cache_root() / "profiles"
 
 
 def cache_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
