@@ -161,8 +161,9 @@ class Speculator:
         if name not in plans and len(plans) == 1:  # every request overrides the engine's policy
             name = next(iter(plans))
         notes = plans[name].notes if name in plans else {}
+        mode = plans[name].mode if name in plans else self.mode
         self.trace.record(
-            self.num_steps, self.mode, [len(d) for d in proposal.draft_token_ids], frontier,
+            self.num_steps, mode, [len(d) for d in proposal.draft_token_ids], frontier,
             predicted_accepted=notes.get("expected_accepted"),
             realised_accepted=[v.num_accepted for v in verdicts],
             predicted_time_s=notes.get("predicted_time_s"),

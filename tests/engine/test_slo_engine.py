@@ -88,3 +88,18 @@ def test_baseline_policies_report_attainment_too(tiny_models, hf_greedy):
     assert all(o.spec.slo_met is True for o in outputs)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+
+
+def test_the_trace_names_the_mode_of_the_policy_the_requests_ran(tiny_models, tmp_path):
+    """The benchmark runs every policy on one engine whose own policy is off; the trace must give
+    the mode the requests' policy chose, not the engine policy's (which planned no step)."""
+    eng = engine(tiny_models, tmp_path, policy="off")
+    eng.speculator._cost_model = roofline()
+    for prompt in PROMPTS:
+        eng.add_request(None, prompt, GREEDY, spec={"policy": "faser"})
+    while eng.has_unfinished_requests():
+        eng.step()
+    records = read_trace(tmp_path / "trace.jsonl")
+    assert records and all(r["policy"] == "faser" for r in records)
+    assert all(r["mode"] == r["controller_mode"] for r in records if "controller_mode" in r)
+    assert any(r["mode"] != "off" for r in records)
