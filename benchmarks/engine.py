@@ -5,7 +5,7 @@
   C. the target's forward time for 1, 3, 5, 9 tokens of one request against a warm KV cache.
 
 Each figure is the median of interleaved repeats. Usage:
-  python -m benchmarks.engine [--model M --draft-model D] [--weights dense,mkldnn,bf16]
+  python -m benchmarks.engine [--model M --draft-model D] [--weights dense,mkl,mkldnn,bf16]
       [--threads 1] [--max-tokens 48] [--repeats 3] [--json OUT]
 """
 
@@ -28,7 +28,7 @@ from benchmarks.common import (
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
 
-FORWARD_TOKENS = (1, 3, 5, 9)
+FORWARD_TOKENS = (1, 3, 4, 5, 8, 9, 16, 32)
 CONTEXT = 300
 
 
@@ -36,8 +36,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
-    ap.add_argument("--weights", default="dense,mkldnn,bf16",
-                    help="variants side by side: dense / mkldnn fp32 weights, bf16 (dtype)")
+    ap.add_argument("--weights", default="dense,mkl,mkldnn,bf16",
+                    help="variants side by side: dense / mkl / mkldnn fp32 weights, bf16 (dtype)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch-sizes", default="1,16")
@@ -95,7 +95,7 @@ def throughput_runs(engines: dict[str, LLM], hf, tokenizer, prompts, args) -> di
 def forward_timer(llm: LLM, n: int):
     engine = llm.engine
     table: list[int] = []
-    engine.blocks.allocate("bench", table, CONTEXT + 16)
+    engine.blocks.allocate("bench", table, CONTEXT + max(FORWARD_TOKENS))
     engine.target.forward([Chunk(list(range(100, 100 + CONTEXT)), 0, table, 1)])  # warm cache
     chunk = Chunk(list(range(500, 500 + n)), CONTEXT, table, num_logits=n)
     return lambda: timed(lambda: engine.target.forward([chunk]))

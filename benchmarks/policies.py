@@ -96,7 +96,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--weight-format", default=EngineConfig().weight_format, help="dense or mkldnn")
+    p.add_argument("--weight-format", default=EngineConfig().weight_format,
+                   help="auto, dense, mkl or mkldnn")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--step-trace", default=None,

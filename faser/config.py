@@ -79,7 +79,10 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
-    weight_format: str = "dense"  # "mkldnn": linear weights prepacked for oneDNN (CPU)
+    # how linear weights are laid out (faser/runner/weights.py): "dense", "mkl" (prepacked for
+    # MKL's GEMM at a few row counts, CPU float32), "mkldnn" (oneDNN), or "auto": "mkl" where it
+    # applies, else "dense"
+    weight_format: str = "auto"
     # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;
     # None: split the engine's threads (no lanes, so no overlap, with fewer than two)
     lane_threads: tuple[int, int] | None = None
