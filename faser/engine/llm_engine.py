@@ -20,7 +20,6 @@ from faser.runner.kv_cache import kv_bytes_per_slot
 from faser.runner.lanes import make_lanes
 from faser.runner.model_runner import ModelRunner
 from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
-from faser.runner.weights import resolve_weight_format
 from faser.sampling_params import SamplingParams
 from faser.spec.cost_model import (
     DRAFT_POINTS,
@@ -96,9 +95,9 @@ class LLMEngine:
         lanes = overlap.lanes if overlap is not None else None
         lane_threads = (lanes.target.num_threads, lanes.draft.num_threads) if lanes else None
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
-        weights = resolve_weight_format(config.weight_format, config.device, config.dtype)
         key = profile_key(
-            models, config.device, config.dtype, config.num_threads, lane_threads, weights
+            models, config.device, config.dtype, config.num_threads, lane_threads,
+            pair.weight_format,
         )
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):

@@ -11,7 +11,7 @@ from torch import nn
 from faser.config import EngineConfig
 from faser.models.loader import load_hf_config, load_model
 from faser.runner.model_runner import RunnerOptions
-from faser.runner.weights import pack_weights
+from faser.runner.weights import linear_weight_bytes, pack_weights, resolve_weight_format
 
 DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
 
@@ -28,6 +28,7 @@ class ModelPair:
     target_dir: Path
     draft_dir: Path | None
     runner_options: RunnerOptions  # how both models' forwards run (compile, CUDA graphs)
+    weight_format: str = "dense"  # the layout both models' weights were packed in ("auto" decided)
 
 
 def resolve(path: str | None, kind: str) -> Path:
@@ -48,22 +49,26 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # rotary tables must also cover draft and verify positions past the last committed token
     max_position = max_len + max_k + 2
     target = load_model(target_dir, config.device, config.dtype, max_position)
-    pack_weights(target, config.weight_format, config.device)
     draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")
         draft = load_model(
             draft_dir, config.device, config.dtype, max_position, target.embed_tokens
         )
-        pack_weights(draft, config.weight_format, config.device)
         token_map = _load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
         check_features(target, draft)
+    weight_format = resolve_weight_format(
+        config.weight_format, config.device, config.dtype, linear_weight_bytes(target, draft)
+    )
+    for model in (target, draft):
+        if model is not None:
+            pack_weights(model, weight_format, config.device)
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
         _eos_ids(hf_config, tokenizer, target_dir), target_dir, draft_dir,
-        runner_options(config, max_position),
+        runner_options(config, max_position), weight_format,
     )
 
 

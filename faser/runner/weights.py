@@ -1,13 +1,17 @@
 """How a model's linear weights are laid out in memory for the device.
 
 On a CPU a batch-1 step streams every weight once, so the layout decides its speed. Plain row-major
-fp32 GEMMs ("dense") stream at memory bandwidth for up to 3 rows, but from 4 rows on MKL repacks
-the weight inside every call: on the target's 210 projections a 4-row forward took 1.5x a 3-row
-one (`benchmarks.engine`, forward table). "mkl" keeps the weights prepacked for MKL's GEMM at a few
-row counts and pads a flat batch up to the next one; "mkldnn" prepacks for oneDNN. The values are
-unchanged; only the layout (and so the order of floating-point accumulation) differs."""
+fp32 GEMMs ("dense") run at memory bandwidth for up to 3 rows, but from 4 rows on MKL takes a
+slower path: a 4-row forward of the target cost 1.5x a 3-row one. MKL's packed-weight GEMM does
+not jump there, so "mkl" keeps the weights also packed at a few row counts and pads a flat batch up
+to the next (at the price of a copy of the weights per row count); "mkldnn" prepacks for oneDNN.
+The values are unchanged; only the layout (and so the order of floating-point accumulation)
+differs.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -17,6 +21,7 @@ WEIGHT_FORMATS = ("auto", "dense", "mkldnn", "mkl")
 # flat batch is padded up to the next, and one past the last runs dense. Each is a full copy of
 # the layer's weight, so the model's linear weights take 1 + len(MKL_ROW_BUCKETS) times the memory.
 MKL_ROW_BUCKETS = (4, 8, 16, 32)
+MKL_MEMORY_SHARE = 0.25  # "auto" packs only when the copies take at most this share of free memory
 
 
 class PackedLinear(nn.Module):
@@ -61,23 +66,46 @@ class MKLPackedLinear(nn.Module):
         return torch.ops.mkl._mkl_linear(x, packed, self.weight, None, rows)[:n]
 
 
-def resolve_weight_format(weight_format: str, device: str, dtype: str) -> str:
-    """The format "auto" stands for on this device and dtype: "mkl" for float32 on a CPU whose
-    torch has MKL, else "dense"."""
+def resolve_weight_format(
+    weight_format: str, device: str, dtype: str, linear_bytes: int = 0
+) -> str:
+    """The layout "auto" stands for: "mkl" for float32 on a CPU whose torch has MKL when its
+    copies of the `linear_bytes` of weights take at most MKL_MEMORY_SHARE of the free memory,
+    else "dense"."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     if weight_format != "auto":
         return weight_format
-    mkl = device == "cpu" and dtype == "float32" and torch.backends.mkl.is_available()
-    return "mkl" if mkl else "dense"
+    if device != "cpu" or dtype != "float32" or not torch.backends.mkl.is_available():
+        return "dense"
+    copies = linear_bytes * len(MKL_ROW_BUCKETS)
+    return "mkl" if copies <= MKL_MEMORY_SHARE * _available_memory() else "dense"
+
+
+def linear_weight_bytes(*models: nn.Module | None) -> int:
+    """What "mkl" copies once per row count: every linear layer's weight."""
+    return sum(
+        m.weight.numel() * m.weight.element_size()
+        for model in models if model is not None
+        for m in model.modules() if isinstance(m, nn.Linear)
+    )
+
+
+def _available_memory() -> int:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # not a POSIX system: no copies we cannot account for
+        return 0
 
 
 def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module:
     """Repacks the decoder layers' projections in place; "mkldnn" leaves the embedding and lm_head
     dense (the head is tied to the embedding in most small models, and a packed copy would double
     it), "mkl" packs the head too (a verification asks it for many rows)."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    weight_format = resolve_weight_format(weight_format, device, dtype)
+    if weight_format == "auto":
+        raise ValueError("resolve 'auto' first (resolve_weight_format): it depends on the pair")
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     if weight_format == "dense":
         return model
     if weight_format == "mkl":

@@ -4,6 +4,7 @@ batch of prompts of different lengths run together."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from faser import LLM, SamplingParams, SpecConfig
 
@@ -137,6 +138,13 @@ def test_per_request_policy_override_mixes_in_one_batch(tiny_models, hf_greedy):
 def test_every_weight_layout_keeps_greedy_output(tiny_models, hf_greedy, weight_format, policy):
     """Verification runs many rows where plain decoding runs one: a layout whose kernels depend on
     the row count (mkl pads to its packed counts) must still give the plain output."""
-    _, outputs = run(tiny_models, "gqa_tied", policy, weight_format=weight_format)
+    llm, outputs = run(tiny_models, "gqa_tied", policy, weight_format=weight_format)
+    assert llm.engine.pair.weight_format == weight_format
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+
+
+def test_auto_layout_is_decided_once_for_the_pair(tiny_models):
+    llm, _ = run(tiny_models, "gqa_tied", "off")
+    expected = "mkl" if torch.backends.mkl.is_available() else "dense"
+    assert llm.engine.pair.weight_format == expected

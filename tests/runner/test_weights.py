@@ -64,6 +64,17 @@ def test_auto_picks_mkl_only_for_float32_on_a_cpu(requested, device, dtype, expe
     assert resolve_weight_format(requested, device, dtype) == expected
 
 
+@needs_mkl
+def test_auto_stays_dense_when_the_packed_copies_would_not_fit():
+    assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**20) == "mkl"
+    assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**60) == "dense"
+
+
+def test_pack_weights_wants_a_decided_layout():
+    with pytest.raises(ValueError, match="auto"):
+        pack_weights(_TinyModel(bias=False), "auto", "cpu")
+
+
 def test_an_unknown_format_is_named():
     with pytest.raises(ValueError, match="'packed'"):
         resolve_weight_format("packed", "cpu", "float32")
