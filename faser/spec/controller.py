@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from faser.spec.cost_model import CostProfile
 from faser.spec.goodput import KChoice, StepCost, choose_k
+from faser.spec.overhead import NO_OVERHEAD, Overhead
 from faser.spec.plan import LoadView
 
 LEVELS = ("overlap", "prune", "off")  # ordered by rising load
@@ -88,7 +89,7 @@ class ModeController:
         self.alpha_prior = alpha_prior
         self.config = config or ControllerConfig()
         self.allow_overlap = allow_overlap
-        self.overhead_per_request_s = 0.0  # per request: a real step's time beyond its forwards
+        self.overhead = NO_OVERHEAD  # a real step's time beyond its forwards
         self.knee = cost.knee()
         self.off_batch = self._off_batch(alpha_prior)
         self._off_batch_overhead_s = 0.0  # the overhead off_batch was found with
@@ -106,13 +107,14 @@ class ModeController:
         """The router's fleet-wide signal, 0 (idle) .. 1+ (overloaded)."""
         self.cluster_load = max(0.0, float(load))
 
-    def set_overhead_per_request(self, seconds: float) -> None:
-        """The learned step overhead (faser.spec.overhead). It makes speculation pay at larger
-        batches, so off_batch is found again, but only once the overhead has moved by a quarter
-        and not within 100 steps of the last time: finding it costs tens of milliseconds (5 % of
-        a one-request run when it followed the overhead's early noise), and the pay check
-        decides meanwhile."""
-        self.overhead_per_request_s = seconds
+    def set_overhead(self, overhead: Overhead) -> None:
+        """The learned step overhead (faser.spec.overhead). It moves the batch past which
+        speculation stops paying, so off_batch is found again, but only once the overhead has
+        moved by a quarter and not within 100 steps of the last time: finding it costs tens of
+        milliseconds (5 % of a one-request run when it followed the overhead's early noise), and
+        the pay check decides meanwhile."""
+        self.overhead = overhead
+        seconds = overhead.seconds(1, 1)  # a request verifying one draft token
         found_with = self._off_batch_overhead_s
         moved = abs(seconds - found_with) > max(OFF_BATCH_REFRESH * found_with,
                                                 OFF_BATCH_MIN_MOVE_S)
@@ -191,7 +193,7 @@ class ModeController:
     ) -> KChoice:
         acceptance = [[alpha] * self.max_k] * load.num_running
         step_cost = StepCost(self.cost, load.num_running, load.num_prefill_tokens, overlap=overlap,
-                             overhead_per_request_s=self.overhead_per_request_s)
+                             overhead=self.overhead)
         return choose_k(acceptance, step_cost, token_budget=load.token_budget, min_gain=min_gain)
 
     def _off_batch(self, alpha: float) -> float:

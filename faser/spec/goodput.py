@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from faser.spec.cost_model import CostProfile
 from faser.spec.deadlines import Allowances
+from faser.spec.overhead import NO_OVERHEAD, Overhead
 
 _EPS = 1e-12
 
@@ -62,8 +63,8 @@ class StepCost:
     requests; the target verifies sum_i (k_i + 1) + prefill tokens in one forward. With `overlap`
     the two run on separate lanes and only part of the drafting hides behind the target (see
     `_combine`); with `sunk_draft_s` the
-    drafting is done and its time is fixed (trimming after the draft); `overhead_per_request_s`
-    prices the rest of a real step (scheduling, sampling, long contexts), whatever k is."""
+    drafting is done and its time is fixed (trimming after the draft); `overhead` prices the rest
+    of a real step (scheduling, sampling, long contexts): per request, and per draft token."""
 
     def __init__(
         self,
@@ -73,13 +74,14 @@ class StepCost:
         *,
         overlap: bool = False,
         sunk_draft_s: float | None = None,
-        overhead_per_request_s: float = 0.0,
+        overhead: Overhead = NO_OVERHEAD,
     ) -> None:
         self.cost = cost
         self.overlap = overlap
         self.sunk_draft_s = sunk_draft_s
-        # the step's time beyond its forwards (faser.spec.overhead), the same whatever k is
-        self.overhead_s = overhead_per_request_s * max(0, num_requests)
+        # the step's time beyond its forwards (faser.spec.overhead); grows with each draft token
+        self.overhead_s = overhead.seconds(max(0, num_requests))
+        self._token_overhead_s = overhead.per_draft_token_s
         self.num_target_tokens = num_requests + max(0, num_prefill_tokens)
         self.batch_per_position: list[int] = []  # b_j: requests drafting position j
         # the draft's extra seconds for one more request at each position, kept up to date so
@@ -105,7 +107,8 @@ class StepCost:
         """Extra seconds if one more request drafts (and the target verifies) `position`."""
         deltas = self._draft_deltas
         delta = deltas[position] if position < len(deltas) else self._open_delta
-        return self._combine(self.draft_s + delta, self._next_target_s) - self._total
+        extra = self._combine(self.draft_s + delta, self._next_target_s) - self._total
+        return extra + self._token_overhead_s
 
     def add(self, position: int) -> None:
         if position == len(self.batch_per_position):
@@ -115,6 +118,7 @@ class StepCost:
         self.batch_per_position[position] += 1
         self._draft_deltas[position] = self._delta(self.batch_per_position[position])
         self.num_target_tokens += 1
+        self.overhead_s += self._token_overhead_s
         self.target_s = self._next_target_s
         self._next_target_s = self.cost.target_time(self.num_target_tokens + 1, lane=self.overlap)
         self._total = self._combine(self.draft_s, self.target_s)

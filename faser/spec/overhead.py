@@ -1,41 +1,84 @@
 """What a real step costs beyond the cost profile: learned online, added to every prediction.
 
 The profile times bare forwards at a short context. A served step also schedules, samples,
-keeps per-request state and gathers each request's paged cache over its whole context: on this
-CPU a decode step of 16 requests took about 85 ms where the profile said 61-66, one of 32 about
-135 where it said 78. That time grows mostly with the requests in the step, so leaving it out
-makes every draft token look dearer than it is, relative to the step it rides in (the goodput
-model kept k = 0 at 16 requests, where k = 1 paid 9 %). Not all of it is independent of k: at
-long contexts each verified token's attention costs more than the profile's, which this model
-leaves out, so at high load it prices speculation too cheap. Each decode-only step's
-measured time minus the profile's prediction for what it ran, per request, feeds an EMA;
-policies add it, times their requests, to every step they predict. Steps with a prefill chunk
-are left out: the profile's long forwards are priced on their own terms.
+keeps per-request state and attends over each request's whole context: on this CPU a decode step
+of 16 requests took about 85 ms where the profile said 61-66, one of 32 about 135 where it said 78.
+Part of that grows with the requests in the step whatever their k (scheduling, the decode's own
+attention), part with the draft tokens verified: each verified token attends over its request's
+whole context too, and one request's longer verification pads every request's queries in the
+step's attention. With the first part alone the model priced speculation too cheap at high load:
+at 32 requests it chose k = 1.7 on average and its steps took 450 ms where the profile, plus the
+per-request part, said 210 (`benchmarks.policies --step-trace`).
+
+So each decode-only step's measured time minus the profile's prediction for what it ran is fitted
+as `per_request_s * requests + per_draft_token_s * draft tokens`, by least squares over recent
+steps (exponentially weighted), both terms kept non-negative; policies add it to every step they
+predict. When every step verifies one token per request the two columns are proportional and
+the residual is split between the terms (the smallest-norm fit). Steps with a prefill chunk are
+left out: the profile's long forwards are priced on their own terms.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 OVERHEAD_EMA = 0.05  # weight of the newest step: steps are noisy, the overhead moves slowly
+RIDGE = 1e-3  # relative: keeps the fit defined when the two columns are proportional
+
+
+@dataclass(frozen=True, slots=True)
+class Overhead:
+    """Seconds a real step takes beyond the profile's forwards."""
+
+    per_request_s: float = 0.0
+    per_draft_token_s: float = 0.0
+
+    def seconds(self, num_requests: int, num_draft_tokens: int = 0) -> float:
+        return self.per_request_s * num_requests + self.per_draft_token_s * num_draft_tokens
+
+
+NO_OVERHEAD = Overhead()
 
 
 class StepOverhead:
-    __slots__ = ("_ema", "num_steps")
+    """The running fit; `estimate` is the current Overhead."""
+
+    __slots__ = ("_moments", "estimate", "num_steps")
 
     def __init__(self) -> None:
-        self._ema = 0.0
+        # weighted means of n*n, n*d, d*d, n*r, d*r (n requests, d draft tokens, r residual)
+        self._moments = [0.0] * 5
+        self.estimate = NO_OVERHEAD
         self.num_steps = 0
-
-    def observe(self, predicted_s: float, measured_s: float, num_requests: int) -> None:
-        if num_requests < 1:
-            return
-        residual = (measured_s - predicted_s) / num_requests
-        if self.num_steps == 0:
-            self._ema = residual
-        else:
-            self._ema += OVERHEAD_EMA * (residual - self._ema)
-        self.num_steps += 1
 
     @property
     def per_request_s(self) -> float:
-        """Never below 0: a profile that overprices steps is the safe side."""
-        return max(0.0, self._ema)
+        return self.estimate.per_request_s
+
+    def observe(
+        self, predicted_s: float, measured_s: float, num_requests: int, num_draft_tokens: int = 0
+    ) -> None:
+        if num_requests < 1:
+            return
+        n, d, r = float(num_requests), float(max(0, num_draft_tokens)), measured_s - predicted_s
+        # a running mean over the first steps, then an exponential one
+        weight = max(OVERHEAD_EMA, 1.0 / (self.num_steps + 1))
+        sample = (n * n, n * d, d * d, n * r, d * r)
+        self._moments = [m + weight * (s - m) for m, s in zip(self._moments, sample, strict=True)]
+        self.num_steps += 1
+        self.estimate = _fit(*self._moments)
+
+
+def _fit(nn: float, nd: float, dd: float, nr: float, dr: float) -> Overhead:
+    """Ridge least squares of r on (n, d), then each term kept >= 0 (a profile that overprices
+    steps is the safe side)."""
+    ridge = RIDGE * (nn + dd)
+    a_nn, a_dd = nn + ridge, dd + ridge
+    det = a_nn * a_dd - nd * nd
+    per_request = (nr * a_dd - dr * nd) / det
+    per_token = (dr * a_nn - nr * nd) / det
+    if per_token < 0:
+        per_request, per_token = nr / a_nn, 0.0
+    elif per_request < 0:
+        per_request, per_token = 0.0, (dr / a_dd if dd > 0 else 0.0)
+    return Overhead(max(0.0, per_request), max(0.0, per_token))

@@ -24,6 +24,7 @@ from faser.spec.goodput import (
     choose_frontier_size,
     survival,
 )
+from faser.spec.overhead import NO_OVERHEAD, Overhead
 from faser.spec.plan import LoadView, StepPlan
 from faser.spec.slo import choose_k_for_slo
 from faser.spec.state import SpecState
@@ -42,16 +43,16 @@ class Policy(ABC):
         self.controller: ModeController | None = None  # only the adaptive policies have one
         # per-token acceptance over every request this policy has seen, from the global prior
         self.population_alpha = config.alpha_prior
-        # a real step's time beyond its forwards, per request (faser.spec.overhead)
-        self.overhead_per_request_s = 0.0
+        # a real step's time beyond its forwards (faser.spec.overhead)
+        self.overhead = NO_OVERHEAD
 
     @abstractmethod
     def plan(self, states: list[SpecState], load: LoadView) -> StepPlan: ...
 
-    def set_overhead_per_request(self, seconds: float) -> None:
-        self.overhead_per_request_s = seconds
+    def set_overhead(self, overhead: Overhead) -> None:
+        self.overhead = overhead
         if self.controller is not None:
-            self.controller.set_overhead_per_request(seconds)
+            self.controller.set_overhead(overhead)
 
     def trim(
         self, plan: StepPlan, states: list[SpecState], confidences: list[list[float]]
@@ -200,7 +201,8 @@ class FaserPolicy(Policy):
             "max_step_time_s": max_step_time_s,
             "mean_alpha": alpha,
             "population_alpha": self.population_alpha,
-            "overhead_per_request_s": self.overhead_per_request_s,
+            "overhead_per_request_s": self.overhead.per_request_s,
+            "overhead_per_draft_token_s": self.overhead.per_draft_token_s,
         }
         if mode == "off" or not states:
             return StepPlan(max_k=[0] * len(states), mode="off", notes=notes)
@@ -208,7 +210,7 @@ class FaserPolicy(Policy):
         acceptance = [[_prob(s.alpha)] * min(max(0, s.max_k), cap) for s in states]
         overlap = mode == "overlap"
         step_cost = StepCost(self.cost, len(states), load.num_prefill_tokens, overlap=overlap,
-                             overhead_per_request_s=self.overhead_per_request_s)
+                             overhead=self.overhead)
         slo = choose_k_for_slo(
             acceptance, step_cost, token_budget=load.token_budget,
             max_step_time_s=max_step_time_s, tpot_deadlines_s=tpot_deadlines_s,
@@ -251,7 +253,7 @@ class FaserPolicy(Policy):
             prefill if isinstance(prefill, int) else 0,
             overlap=plan.overlap,
             sunk_draft_s=sunk,
-            overhead_per_request_s=self.overhead_per_request_s,
+            overhead=self.overhead,
         )
         max_time = plan.notes.get("max_step_time_s")
         max_time = float(max_time) if isinstance(max_time, int | float) else None

@@ -76,7 +76,7 @@ class Speculator:
             policy = make_policy(replace(self.config, policy=name), cost_model=cost)
             if policy.controller is not None and self._cluster_load is not None:
                 policy.controller.set_cluster_load(self._cluster_load)
-            policy.set_overhead_per_request(self.overhead.per_request_s)
+            policy.set_overhead(self.overhead.estimate)
             self._policies[name] = policy
         return self._policies[name]
 
@@ -149,9 +149,9 @@ class Speculator:
         for k in ks:
             for position in range(k):
                 step.add(position)
-        self.overhead.observe(step.total(), elapsed, len(ks))
+        self.overhead.observe(step.total(), elapsed, len(ks), sum(ks))
         for policy in self._policies.values():
-            policy.set_overhead_per_request(self.overhead.per_request_s)
+            policy.set_overhead(self.overhead.estimate)
 
     def _record(self, plans, proposal: Proposal, verdicts, frontier, elapsed: float) -> None:
         self.num_steps += 1

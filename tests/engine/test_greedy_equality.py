@@ -60,7 +60,7 @@ def test_the_step_overhead_is_learned_only_once_a_policy_profiled(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "faser")
     speculator = llm.engine.speculator
     assert speculator.overhead.num_steps > 0
-    assert speculator.policy("faser").overhead_per_request_s == speculator.overhead.per_request_s
+    assert speculator.policy("faser").overhead == speculator.overhead.estimate
 
 
 def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greedy):

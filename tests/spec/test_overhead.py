@@ -5,7 +5,7 @@ import pytest
 
 from faser.config import SpecConfig
 from faser.spec.goodput import StepCost
-from faser.spec.overhead import OVERHEAD_EMA, StepOverhead
+from faser.spec.overhead import Overhead, StepOverhead
 from faser.spec.plan import LoadView
 from faser.spec.policy import FaserPolicy
 from faser.spec.state import SpecState
@@ -14,28 +14,67 @@ from tests.spec.spec_profiles import linear
 
 def test_overhead_is_per_request_and_starts_at_the_first_residual():
     overhead = StepOverhead()
-    assert overhead.per_request_s == 0.0
+    assert overhead.estimate == Overhead()
     overhead.observe(predicted_s=0.060, measured_s=0.084, num_requests=16)
-    assert overhead.per_request_s == pytest.approx(0.0015)
-    overhead.observe(predicted_s=0.060, measured_s=0.060, num_requests=16)
-    assert overhead.per_request_s == pytest.approx(0.0015 * (1 - OVERHEAD_EMA))
+    assert overhead.per_request_s == pytest.approx(0.0015, rel=1e-2)
+    assert overhead.estimate.per_draft_token_s == 0.0  # no draft token seen: nothing to price
     overhead.observe(predicted_s=0.0, measured_s=1.0, num_requests=0)  # nothing to divide by
-    assert overhead.num_steps == 2
+    assert overhead.num_steps == 1
+
+
+def test_the_fit_separates_what_grows_with_draft_tokens():
+    """Steps of 8-32 requests verifying 0-3 tokens each, whose real extra time is 2 ms per request
+    and 1.5 ms per draft token: the fit finds both, and later steps move it."""
+    overhead = StepOverhead()
+    for n, k in [(8, 0), (16, 1), (32, 0), (16, 3), (32, 2), (8, 1)] * 5:
+        overhead.observe(0.0, 0.002 * n + 0.0015 * n * k, n, n * k)
+    assert overhead.estimate.per_request_s == pytest.approx(0.002, rel=0.02)
+    assert overhead.estimate.per_draft_token_s == pytest.approx(0.0015, rel=0.02)
+    for _ in range(200):
+        overhead.observe(0.0, 0.004 * 16, 16, 0)
+        overhead.observe(0.0, 0.004 * 16, 16, 16)
+    assert overhead.estimate.per_request_s == pytest.approx(0.004, rel=0.05)
+    assert overhead.estimate.per_draft_token_s == pytest.approx(0.0, abs=2e-4)
+
+
+def test_proportional_columns_split_the_residual():
+    """Every step verifies one token per request: which term the time belongs to cannot be
+    told, and the fit splits it rather than blowing up."""
+    overhead = StepOverhead()
+    for n in (4, 8, 16) * 4:
+        overhead.observe(0.0, 0.003 * n, n, n)
+    estimate = overhead.estimate
+    assert estimate.seconds(1, 1) == pytest.approx(0.003, rel=0.01)
+    assert estimate.per_request_s == pytest.approx(estimate.per_draft_token_s, rel=0.01)
 
 
 def test_a_profile_that_overprices_steps_gives_no_negative_overhead():
     overhead = StepOverhead()
     overhead.observe(predicted_s=0.080, measured_s=0.060, num_requests=4)
-    assert overhead.per_request_s == 0.0
+    assert overhead.estimate == Overhead()
+    overhead = StepOverhead()  # cheaper steps as k grows: the token term stays at 0
+    for n, k in [(8, 0), (8, 2)] * 4:
+        overhead.observe(0.0, 0.002 * n - 0.0005 * n * k, n, n * k)
+    assert overhead.estimate.per_draft_token_s == 0.0
+    assert overhead.estimate.per_request_s > 0
 
 
-def test_overhead_adds_to_the_step_not_to_a_draft_tokens_price():
+def test_per_request_overhead_adds_to_the_step_not_to_a_draft_tokens_price():
     cost = linear(fixed_s=0.010, per_token_s=0.001)
-    bare, loaded = StepCost(cost, 4), StepCost(cost, 4, overhead_per_request_s=0.005)
+    bare, loaded = StepCost(cost, 4), StepCost(cost, 4, overhead=Overhead(0.005))
     assert loaded.total() == pytest.approx(bare.total() + 0.02)
     assert loaded.marginal(0) == pytest.approx(bare.marginal(0))
     bare.add(0), loaded.add(0)
     assert loaded.total() == pytest.approx(bare.total() + 0.02)
+
+
+def test_per_draft_token_overhead_prices_every_draft_token():
+    cost = linear(fixed_s=0.010, per_token_s=0.001)
+    bare, loaded = StepCost(cost, 4), StepCost(cost, 4, overhead=Overhead(0.0, 0.003))
+    assert loaded.total() == pytest.approx(bare.total())
+    assert loaded.marginal(0) == pytest.approx(bare.marginal(0) + 0.003)
+    bare.add(0), loaded.add(0), bare.add(1), loaded.add(1)
+    assert loaded.total() == pytest.approx(bare.total() + 0.006)
 
 
 def test_with_the_overhead_known_a_marginal_draft_token_pays():
@@ -46,10 +85,12 @@ def test_with_the_overhead_known_a_marginal_draft_token_pays():
     states = [SpecState(alpha=0.3, policy="faser", max_k=1) for _ in range(4)]
     load = LoadView(4, 0, 0, 64, 0.1)
 
-    def planned(overhead_s: float) -> list[int]:
+    def planned(overhead: Overhead) -> list[int]:
         policy = FaserPolicy(SpecConfig(policy="faser", num_speculative_tokens=1), cost)
-        policy.set_overhead_per_request(overhead_s)
+        policy.set_overhead(overhead)
         return policy.plan(states, load).max_k
 
-    assert planned(0.0) == [0, 0, 0, 0]
-    assert planned(0.010) == [1, 1, 1, 1]  # 40 ms over the 4 requests
+    assert planned(Overhead()) == [0, 0, 0, 0]
+    assert planned(Overhead(0.010)) == [1, 1, 1, 1]  # 40 ms over the 4 requests
+    # but not when each verified draft token also costs 5 ms more than the profile says
+    assert planned(Overhead(0.010, 0.005)) == [0, 0, 0, 0]
