@@ -2,7 +2,7 @@
 
   A. plain decoding against Hugging Face `generate` (batch 1 and 16, output tokens/s, ratio);
   B. `fixed` speculation against `off` (batch 1 and 16);
-  C. the target's forward time for 1, 3, 5, 9 tokens of one request against a warm KV cache.
+  C. the target's forward time for 1-32 tokens of one request against a warm KV cache.
 
 Each figure is the median of interleaved repeats. Usage:
   python -m benchmarks.engine [--model M --draft-model D] [--weights dense,mkl,mkldnn,bf16]

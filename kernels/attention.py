@@ -15,6 +15,11 @@ from faser_kernels.backend import use_triton
 # a longer prefill chunk gets a call of its own: padded into one batch with it, thirty decodes
 # would each compute a chunk's worth of query rows (a mixed step ran 20x slower that way)
 SHARED_MAX_Q = 16
+# Each shared call pads every request's keys to the longest context in it, and the gather of
+# those padded keys is most of a CPU step at long contexts. Requests are split by context length
+# where a split saves more padded key positions than this, the price of one more call per layer
+# (about what gathering this many positions costs on a CPU; see split_by_context).
+SPLIT_COST_POSITIONS = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +49,7 @@ def plan_kv_gather(
     block_size: int,
 ) -> KVGather:
     q_lens = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
-    lengths = q_lens.tolist()
-    shared = [i for i, n in enumerate(lengths) if n <= SHARED_MAX_Q]
-    alone = [[i] for i, n in enumerate(lengths) if n > SHARED_MAX_Q]
-    subsets = ([shared] if shared else []) + alone
+    subsets = request_groups(q_lens.tolist(), seq_lens.tolist())
     if len(subsets) == 1:
         return KVGather((_plan_group(block_tables, seq_lens, cu_seqlens_q, block_size, None),))
     groups = []
@@ -62,6 +64,40 @@ def plan_kv_gather(
         )
         groups.append(_plan_group(block_tables[index], seq_lens[index], cu, block_size, tokens))
     return KVGather(tuple(groups))
+
+
+def request_groups(q_lens: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """Which requests share a padded SDPA call. A prefill chunk gets one of its own; decodes are
+    kept apart from verifications (in one call every decode would be padded to the longest
+    verification's queries: with k = 1 anywhere in the step, twice a decode's attention work);
+    and each of those is split by context length (split_by_context)."""
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    verifies = [i for i, n in enumerate(q_lens) if n != 1 and n <= SHARED_MAX_Q]
+    alone = [[i] for i, n in enumerate(q_lens) if n > SHARED_MAX_Q]
+    return split_by_context(decodes, seq_lens) + split_by_context(verifies, seq_lens) + alone
+
+
+def split_by_context(requests: list[int], seq_lens: list[int]) -> list[list[int]]:
+    """`requests` split into groups of similar context length: the runs of the requests sorted by
+    length that minimise the padded key positions gathered (each group's size times its longest
+    context) plus SPLIT_COST_POSITIONS per group, found by dynamic programming over the sorted
+    order. Each group keeps the requests' own order (one group of all keeps the flat batch's)."""
+    if len(requests) <= 2:
+        return [requests] if requests else []
+    order = sorted(requests, key=seq_lens.__getitem__)
+    best = [0.0] + [float("inf")] * len(order)  # best[j]: the cheapest split of order[:j]
+    start_of = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = seq_lens[order[end - 1]]
+        for start in range(end):
+            cost = best[start] + (end - start) * longest + SPLIT_COST_POSITIONS
+            if cost < best[end]:
+                best[end], start_of[end] = cost, start
+    groups, end = [], len(order)
+    while end > 0:
+        groups.append(sorted(order[start_of[end]:end]))
+        end = start_of[end]
+    return groups[::-1]
 
 
 def _plan_group(

@@ -26,6 +26,9 @@ CASES = [
     AttentionCase(4, 2, 16, 4, q_lens=(1, 1), context_lens=(9, 9)),  # no mask, no query gather
     AttentionCase(4, 2, 16, 4, q_lens=(3, 3), context_lens=(5, 20)),  # equal q_lens, masked
     AttentionCase(4, 2, 16, 4, q_lens=(20, 1, 30, 2), context_lens=(3, 9, 0, 14)),  # 3 groups
+    # short and long contexts: attended in groups of similar length
+    AttentionCase(4, 2, 16, 8, q_lens=(1, 3, 1, 2, 1, 1, 40),
+                  context_lens=(5, 900, 12, 700, 30, 1000, 8)),
 ]
 
 
@@ -128,3 +131,19 @@ def _num_compiled(kernel) -> int:
     if caches is None:
         pytest.skip("this Triton keeps its compile cache elsewhere")
     return sum(len(entry[0]) for entry in caches.values())
+
+
+def test_requests_are_split_by_context_only_where_it_saves_padding():
+    from faser_kernels.attention import SPLIT_COST_POSITIONS, split_by_context
+
+    lens = [5, 900, 12, 700, 30, 1000, 8]
+    groups = split_by_context(list(range(7)), lens)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert all(g == sorted(g) for g in groups)  # each keeps the flat batch's order
+    assert [0, 2, 4, 6] in groups  # the short contexts are not padded to 1000
+    # similar lengths: one call, in the batch's own order
+    assert split_by_context([0, 1, 2, 3], [100, 120, 90, 110]) == [[0, 1, 2, 3]]
+    # a split must save more padded positions than one more call costs
+    near = [10, 10 + SPLIT_COST_POSITIONS // 4, 10]
+    assert split_by_context([0, 1, 2], near) == [[0, 1, 2]]
+    assert split_by_context([], []) == []
