@@ -23,11 +23,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 # dense where one request's k decides (a CPU's step jumped 1.5x between 2 and 4 tokens, so the
-# straight line between them overpriced k = 2 at batch 1), then doubling
-TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 16, 32, 64, 128, 256, 512)
+# straight line between them overpriced k = 2 at batch 1), then doubling, with a point just past
+# each row count the "mkl" layout pads to (8, 16, 32, 64): a padded step costs a staircase, and
+# the straight line from 16 to 32 priced 16 requests' first draft tokens at a fraction of the
+# whole step to 32 rows they cost
+TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
-# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3: denser points
-PROFILE_VERSION = 3
+# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points
+PROFILE_VERSION = 4
 # The knee is where the step time's elasticity d ln t / d ln n reaches one half: on t = t0 + c n
 # where the growing part equals the fixed part (n = t0 / c), on a roofline max(t0, c n) its corner.
 KNEE_ELASTICITY = 0.5
@@ -75,10 +78,13 @@ class CostProfile:
         """num_tokens where the target turns from memory-bound to compute-bound: where doubling
         the tokens first costs 2^elasticity times as much (elasticity measured per segment, at
         its geometric middle, and interpolated in log space); inf when the curve stays flat.
+        Measured on the power-of-two points alone where there are three or more: the points just
+        past a padded layout's row counts make segments so short and uneven that the
+        interpolated middle lands well before a roofline's corner.
 
         Timing noise is one-sided (contention only slows a forward down), so the curve is first
         replaced by its lower envelope from the right: a slow outlier cannot fake an early knee."""
-        points, times = self.target_points, _lower_envelope(self.target_times)
+        points, times = _doublings(self.target_points, _lower_envelope(self.target_times))
         middles, slopes = _log_slopes(points, times)
         for j, e in enumerate(slopes):
             if e >= elasticity:
@@ -317,6 +323,13 @@ def _extrapolate_knee(points: Sequence[int], times: Sequence[float], elasticity:
         return math.inf
     intercept = times[-1] - slope * points[-1]
     return max(float(points[-1]), elasticity * intercept / ((1.0 - elasticity) * slope))
+
+
+def _doublings(points: Sequence[int], times: Sequence[float]) -> tuple[list[int], list[float]]:
+    kept = [(n, t) for n, t in zip(points, times, strict=True) if n & (n - 1) == 0]
+    if len(kept) < 3:
+        return list(points), list(times)
+    return [n for n, _ in kept], [t for _, t in kept]
 
 
 def _lower_envelope(times: Sequence[float]) -> list[float]:
