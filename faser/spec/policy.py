@@ -49,6 +49,16 @@ class Policy(ABC):
     @abstractmethod
     def plan(self, states: list[SpecState], load: LoadView) -> StepPlan: ...
 
+    def set_can_overlap(self, can: bool) -> None:
+        """Whether the engine can run a step's draft and target at once (it has lanes and the
+        draft does not read the target's features). Where it cannot, the controller never plans
+        an overlapped step: priced as overlapped, drafting looked partly free and the plans
+        drafted more than the sequential steps that ran could pay for."""
+        if self.controller is not None:
+            self.controller.allow_overlap = self.allow_overlap and can
+            if not self.controller.allow_overlap and self.controller.mode == "overlap":
+                self.controller.mode = "prune"
+
     def set_overhead(self, overhead: Overhead) -> None:
         self.overhead = overhead
         if self.controller is not None:

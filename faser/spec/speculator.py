@@ -77,6 +77,7 @@ class Speculator:
             if policy.controller is not None and self._cluster_load is not None:
                 policy.controller.set_cluster_load(self._cluster_load)
             policy.set_overhead(self.overhead.estimate)
+            policy.set_can_overlap(self.overlap is not None)
             self._policies[name] = policy
         return self._policies[name]
 
@@ -224,8 +225,10 @@ class Speculator:
         if lanes is not None and self.proposer is not None:
             if self.proposer.runner.reads_features:
                 lanes.close()
-                return
-            self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
+            else:
+                self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
+        for policy in self._policies.values():
+            policy.set_can_overlap(self.overlap is not None)
 
     def _draft_budget(self, decodes, prefills, max_k: list[int], frontier) -> int | None:
         """Draft forwards that fit in one target forward of this step, by the cost profile

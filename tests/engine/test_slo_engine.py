@@ -103,3 +103,13 @@ def test_the_trace_names_the_mode_of_the_policy_the_requests_ran(tiny_models, tm
     assert records and all(r["policy"] == "faser" for r in records)
     assert all(r["mode"] == r["controller_mode"] for r in records if "controller_mode" in r)
     assert any(r["mode"] != "off" for r in records)
+
+
+def test_an_engine_that_cannot_overlap_never_plans_an_overlapped_step(tiny_models, tmp_path):
+    """One thread, so no lanes: the controller must price every step as sequential."""
+    eng = engine(tiny_models, tmp_path)
+    assert eng.speculator.overlap is None
+    run(eng, [None] * len(PROMPTS))
+    modes = {r["mode"] for r in read_trace(tmp_path / "trace.jsonl")}
+    assert modes and "overlap" not in modes
+    assert eng.speculator.policy("faser").controller.allow_overlap is False
