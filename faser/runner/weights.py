@@ -12,6 +12,7 @@ differs.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -92,10 +93,31 @@ def linear_weight_bytes(*models: nn.Module | None) -> int:
 
 
 def _available_memory() -> int:
+    """Free memory, within the container's limit where one is set (a pod's 8 GiB, not the
+    node's free memory)."""
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):  # not a POSIX system: no copies we cannot account for
         return 0
+    headroom = cgroup_headroom(Path("/sys/fs/cgroup"))
+    return free if headroom is None else min(free, headroom)
+
+
+def cgroup_headroom(root: Path) -> int | None:
+    """Limit minus usage of the cgroup at `root` (v2 `memory.max`, or v1 `memory/`), None
+    where no finite limit is set or readable."""
+    for limit_file, usage_file in (
+        (root / "memory.max", root / "memory.current"),
+        (root / "memory" / "memory.limit_in_bytes", root / "memory" / "memory.usage_in_bytes"),
+    ):
+        try:
+            limit = limit_file.read_text().strip()
+            usage = int(usage_file.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 2**60:  # v1 reports "no limit" as about 2^63
+            return max(0, int(limit) - usage)
+    return None
 
 
 def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module:

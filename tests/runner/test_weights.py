@@ -10,6 +10,7 @@ from torch import nn
 from faser.runner.weights import (
     MKL_ROW_BUCKETS,
     MKLPackedLinear,
+    cgroup_headroom,
     pack_weights,
     resolve_weight_format,
 )
@@ -68,6 +69,20 @@ def test_auto_picks_mkl_only_for_float32_on_a_cpu(requested, device, dtype, expe
 def test_auto_stays_dense_when_the_packed_copies_would_not_fit():
     assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**20) == "mkl"
     assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**60) == "dense"
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, version):
+    folder = tmp_path if version == "v2" else tmp_path / "memory"
+    folder.mkdir(exist_ok=True)
+    limit, usage = ("memory.max", "memory.current") if version == "v2" else (
+        "memory.limit_in_bytes", "memory.usage_in_bytes")
+    (folder / limit).write_text(f"{8 * 2**30}\n")
+    (folder / usage).write_text(f"{3 * 2**30}\n")
+    assert cgroup_headroom(tmp_path) == 5 * 2**30
+    (folder / limit).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")
+    assert cgroup_headroom(tmp_path) is None
+    assert cgroup_headroom(tmp_path / "absent") is None
 
 
 def test_pack_weights_wants_a_decided_layout():
