@@ -17,7 +17,6 @@ pytestmark = pytest.mark.ray
 
 APP = "fleet"
 MODEL = "tiny"
-LOADED_MODES = ("prune", "off")
 
 
 @pytest.fixture(scope="module")
@@ -102,10 +101,15 @@ def test_replicas_switch_mode_with_the_fleet_load(base_url):
     def mode(response: httpx.Response) -> str:
         return response.json()["speculation"]["mode"]
 
+    """The fleet's load reaches every replica's controller and turns speculation off. One torch
+    thread per replica, so no lanes: no replica may ever report the overlap mode it cannot run.
+    (Whether a replica speculates again once idle is the goodput model's call: with these tiny
+    models a draft step costs about what a target step does, so it rightly stays off; the way
+    back is tested on the controller itself.)"""
     time.sleep(0.5)  # let the routing stats show an idle fleet
     idle = mode(complete(base_url, 24))
     loaded = [mode(r) for r in burst(base_url, 24, max_tokens=24)]
-    assert any(m in LOADED_MODES for m in loaded), loaded
+    assert "off" in loaded, loaded
     time.sleep(0.5)
     after = [mode(complete(base_url, 24)) for _ in range(2)]
-    assert idle == "overlap" and after[-1] == "overlap", (idle, loaded, after)
+    assert "overlap" not in {idle, *loaded, *after}, (idle, loaded, after)
