@@ -88,6 +88,25 @@ def test_two_policies_two_concurrencies_and_a_trace(bench_files, capsys):
     assert (root / "plots" / "open_loop.png").stat().st_size > 0
 
 
+def test_repeats_rotate_the_order_and_keep_each_policys_best_round(bench_files):
+    root = bench_files["root"]
+    records = main([
+        "--model", str(bench_files["target"]), "--draft-model", str(bench_files["draft"]),
+        "--prompts", str(bench_files["prompts"]), "--num-prompts", "3", "--max-tokens", "6",
+        "--concurrency", "2", "--policies", "off,fixed:2,faser", "--repeats", "3",
+        "--trace", str(bench_files["trace"]), "--time-scale", "10", "--max-requests", "3",
+        "--profile-cache", str(root / "profiles"), "--no-progress",
+    ])
+    assert [r["policy"] for r in records] == ["off", "fixed:2", "faser"] * 2
+    for r in records:
+        rounds = r["rounds_output_tokens_per_s"]
+        assert len(rounds) == 3 and len(r["rounds_mean_latency_s"]) == 3
+        assert r["outputs_match_first_policy"] == 1.0  # whichever policy ran first that round
+    closed, opened = records[:3], records[3:]
+    assert all(r["output_tokens_per_s"] == max(r["rounds_output_tokens_per_s"]) for r in closed)
+    assert all(r["mean_latency_s"] == min(r["rounds_mean_latency_s"]) for r in opened)
+
+
 def test_prompts_encode_without_a_tokenizer(bench_files):
     prompts = load_prompts(bench_files["prompts"], 5)
     assert [p.question_id for p in prompts] == [1, 2, 3, 1, 2]  # cycled
