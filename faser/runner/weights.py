@@ -12,6 +12,7 @@ differs.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -136,12 +137,18 @@ def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module
         raise ValueError("weight_format 'mkldnn' needs a CPU with oneDNN")
     if next(model.parameters()).dtype != torch.float32:
         raise ValueError("weight_format 'mkldnn' is for float32 weights (bf16 is oneDNN already)")
+    _replace_projections(model, PackedLinear)
+    return model
+
+
+def _replace_projections(model: nn.Module, pack: Callable[[nn.Linear], nn.Module | None]) -> None:
+    """Each decoder layer's linear projection replaced by `pack(it)` (kept where that is None)."""
     for layer in model.layers:
         for parent in (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    setattr(parent, name, PackedLinear(child))
-    return model
+                packed = pack(child) if isinstance(child, nn.Linear) else None
+                if packed is not None:
+                    setattr(parent, name, packed)
 
 
 def _pack_mkl(model: nn.Module, device: str) -> nn.Module:
@@ -150,11 +157,7 @@ def _pack_mkl(model: nn.Module, device: str) -> nn.Module:
         raise ValueError("weight_format 'mkl' needs a CPU build of torch with MKL")
     if next(model.parameters()).dtype != torch.float32:
         raise ValueError("weight_format 'mkl' is for float32 weights")
-    for layer in model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear) and child.bias is None:
-                    setattr(parent, name, MKLPackedLinear(child))
+    _replace_projections(model, lambda lin: MKLPackedLinear(lin) if lin.bias is None else None)
     if isinstance(model.lm_head, nn.Linear) and model.lm_head.bias is None:
         model.lm_head = MKLPackedLinear(model.lm_head)
     return model
