@@ -7,8 +7,9 @@ Part of that grows with the requests in the step whatever their k (scheduling, t
 attention), part with the draft tokens verified: each verified token attends over its request's
 whole context too, and one request's longer verification pads every request's queries in the
 step's attention. With the first part alone the model priced speculation too cheap at high load:
-at 32 requests it chose k = 1.7 on average and its steps took 450 ms where the profile, plus the
-per-request part, said 210 (`benchmarks.policies --step-trace`).
+at 32 requests the per-request part grew to 12 ms a request, so a plain step was predicted at
+460 ms (plain steps took about 150) and speculation looked cheap beside it; faser chose k = 1.7 on
+average and its steps took 450 ms (`benchmarks.policies --step-trace`).
 
 So each decode-only step's measured time minus the profile's prediction for what it ran is fitted
 as `per_request_s * requests + per_draft_token_s * draft tokens`, by least squares over recent
