@@ -224,6 +224,8 @@ def prepare(args: argparse.Namespace) -> Bench:
     slo = Slo(args.slo_tpot_ms, args.slo_ttft_ms)
     if args.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
+    if args.repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {args.repeats}")
     torch.manual_seed(args.seed)
     max_c = max(parse_list(args.concurrency, int, "concurrency")) if args.concurrency else 32
     engine = build_engine(args, max_c)
@@ -239,8 +241,6 @@ def prepare(args: argparse.Namespace) -> Bench:
 
 def benchmark(args: argparse.Namespace) -> list[dict]:
     bench = prepare(args)
-    if args.repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {args.repeats}")
     total = sum(len(level.requests) for level in bench.levels) * len(bench.policies) * args.repeats
     records: list[dict] = []
     with tqdm(total=total, desc="requests", disable=args.no_progress, file=sys.stderr) as bar:
@@ -273,8 +273,8 @@ def _best_round(records: list[dict]) -> dict:
 def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -> list[dict]:
     """Every policy once, starting with policy `shift`; records in the policies' own order. The
     first run's outputs are the reference every other run must match."""
-    order = list(range(shift % len(bench.policies), len(bench.policies)))
-    order += list(range(shift % len(bench.policies)))
+    count = len(bench.policies)
+    order = [(shift + j) % count for j in range(count)]
     records: dict[int, dict] = {}
     reference: list[list[int]] | None = None
     for i in order:

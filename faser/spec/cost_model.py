@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from faser.models.model_cache import cache_root
+
 # dense where one request's k decides (a CPU's step jumped 1.5x between 2 and 4 tokens, so the
 # straight line between them overpriced k = 2 at batch 1), then doubling, with a point just past
-# each row count the "mkl" layout pads to (8, 16, 32, 64): a padded step costs a staircase, and
-# the straight line from 16 to 32 priced 16 requests' first draft tokens at a fraction of the
-# whole step to 32 rows they cost
+# each row count the "mkl" layout pads to (4, 8, 16, 32; 64 for the step to dense GEMMs past it):
+# a padded step costs a staircase, and the straight line from 16 to 32 priced 16 requests' first
+# draft tokens at a fraction of the whole step to 32 rows they cost
 TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
 # 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points
@@ -197,8 +199,6 @@ def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:
 
 def default_cache_dir() -> Path:
     """$FASER_PROFILE_CACHE, else `profiles` in the model cache ($FASER_CACHE, ~/.cache/faser)."""
-    from faser.models.model_cache import cache_root
-
     configured = os.environ.get(PROFILE_CACHE_ENV)
     return Path(configured).expanduser() if configured else cache_root() / "profiles"
 
