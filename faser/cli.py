@@ -37,6 +37,16 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output-vocab", type=int, default=8192)
     p.add_argument("--top-k", type=int, default=32, help="target candidates in the soft labels")
+    p.add_argument(
+        "--corpus-tokens", type=int, default=0,
+        help="also train on this many tokens of real text shipped with Python (pydoc pages, "
+        "the standard library's docstrings and code), labelled by the target",
+    )
+    p.add_argument("--corpus-width", type=int, default=1024, help="tokens per real-text sequence")
+    p.add_argument(
+        "--init-from", type=Path,
+        help="resume from this draft (its token map and weights), not from the target's layers",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_run_distill)
@@ -62,6 +72,8 @@ def _run_distill(args: argparse.Namespace) -> int:
             target=args.target, out=args.out, generation=generation, train=train,
             layer_ids=layers, feature_layers=feature_layers, output_vocab=args.output_vocab,
             top_k=args.top_k, num_threads=args.threads, work_dir=args.work_dir,
+            corpus_tokens=args.corpus_tokens, corpus_width=args.corpus_width,
+            init_from=args.init_from,
         )
     )
     print(f"best held-out greedy agreement: {summary['best_held_out_agreement']:.3f}")

@@ -1,4 +1,6 @@
 """`faser distill`: prompts -> the target's answers -> its top-k labels -> a trained draft.
+Real text that ships with Python (faser.distill.corpus), labelled the same way, can join the
+answers; `init_from` resumes training from a draft already written (faser.distill.warm_start).
 
 The draft (engine format, see faser.distill.model) lands in --out; the answers and labels in the
 work directory (--work-dir, default <out>/_work), so a rerun resumes and an interrupted one
@@ -6,6 +8,7 @@ still leaves the best draft exported so far."""
 
 from __future__ import annotations
 
+import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -13,11 +16,13 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from faser.distill.corpus import corpus_records
 from faser.distill.feature_model import build_feature_draft, export_feature_draft
 from faser.distill.generate import GenerationConfig, generate_data
 from faser.distill.model import build_draft, export_draft
 from faser.distill.teacher import teacher_labels
 from faser.distill.train import TrainConfig, select_token_map, train_draft
+from faser.distill.warm_start import load_weights, read_provenance, read_token_map
 
 HELD_OUT_EVERY = 10  # every 10th greedy answer is kept out of training, to measure agreement
 
@@ -36,16 +41,21 @@ class DistillConfig:
     top_k: int = 32
     num_threads: int = 2
     work_dir: Path | None = None  # None: <out>/_work
+    corpus_tokens: int = 0  # real-text tokens labelled beside the answers (faser.distill.corpus)
+    corpus_width: int = 1024  # tokens per real-text sequence
+    init_from: Path | None = None  # a written draft to resume from (its token map and weights)
 
     def __post_init__(self) -> None:
         if not self.layer_ids:
             raise ValueError("layer_ids must name at least one target layer")
         if self.output_vocab < 2 or self.top_k < 1:
             raise ValueError("output_vocab must be >= 2 and top_k >= 1")
+        if self.corpus_tokens < 0 or self.corpus_width < 2:
+            raise ValueError("corpus_tokens must be >= 0 and corpus_width >= 2")
 
 
 def distill(config: DistillConfig) -> dict:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from faser.models.resolver import resolve_model
 
@@ -70,8 +80,20 @@ def distill(config: DistillConfig) -> dict:
     )
     held = set([i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY])
     train_set = [x for i, x in enumerate(labels) if i not in held]
-    eos = {int(t) for t in [target.config.eos_token_id] if t is not None}
-    token_map = select_token_map(train_set, config.output_vocab, target.config.vocab_size, eos)
+    if config.init_from is not None:
+        token_map = read_token_map(config.init_from)
+    else:  # the tokens the answers need most: they, not the real text, are what drafts guess
+        eos = {int(t) for t in [target.config.eos_token_id] if t is not None}
+        token_map = select_token_map(train_set, config.output_vocab, target.config.vocab_size, eos)
+    corpus = corpus_records(
+        AutoTokenizer.from_pretrained(target_dir), config.corpus_tokens, config.corpus_width,
+        config.generation.seed,
+    )
+    if corpus:
+        name = f"corpus{config.corpus_tokens}-w{config.corpus_width}-top{config.top_k}{suffix}.pt"
+        train_set += teacher_labels(
+            target, corpus, config.top_k, work / name, feature_layers=config.feature_layers
+        )
     if config.feature_layers:
         draft = build_feature_draft(
             target, config.feature_layers, list(config.layer_ids), token_map
@@ -79,8 +101,10 @@ def distill(config: DistillConfig) -> dict:
         write = export_feature_draft
     else:
         draft, write = build_draft(target, list(config.layer_ids), token_map), export_draft
+    if config.init_from is not None:
+        load_weights(draft, config.init_from)
     del target
-    provenance = _provenance(config, records, generation_s)
+    provenance = _provenance(config, records, corpus, generation_s)
 
     def export(summary: dict) -> None:
         info = {**provenance, "training": summary, "elapsed_s": time.monotonic() - started}
@@ -93,7 +117,9 @@ def distill(config: DistillConfig) -> dict:
     return summary
 
 
-def _provenance(config: DistillConfig, records: list[dict], generation_s: float) -> dict:
+def _provenance(
+    config: DistillConfig, records: list[dict], corpus: list[dict], generation_s: float
+) -> dict:
     categories: dict[str, int] = {}
     for r in records:
         categories[r["category"]] = categories.get(r["category"], 0) + len(r["response_ids"])
@@ -107,7 +133,18 @@ def _provenance(config: DistillConfig, records: list[dict], generation_s: float)
             "feature_layers": list(config.feature_layers),
             "output_vocab": config.output_vocab,
             "top_k": config.top_k,
+            "corpus_tokens": config.corpus_tokens,
+            "corpus_width": config.corpus_width,
+            "init_from": None if config.init_from is None else str(config.init_from),
         },
+        "python": platform.python_version(),  # the corpus is this Python's standard library
+        "num_corpus_tokens": {
+            c: sum(len(r["response_ids"]) + 1 for r in corpus if r["category"] == c)
+            for c in sorted({r["category"] for r in corpus})
+        },
+        # the draft this one resumed from, as it was made
+        "init_from_provenance": None if config.init_from is None
+        else read_provenance(config.init_from),
         "num_answers": len(records),
         "num_sampled_answers": sum(r["sampled"] for r in records),
         "num_answer_tokens": sum(len(r["response_ids"]) for r in records),

@@ -1,0 +1,55 @@
+"""Training resumed from a draft already written (`faser distill --init-from DIR`): its token map
+and weights replace the fresh draft's, so more data refines a draft instead of training a new one
+from the target's layers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from faser.distill.model import TOKEN_MAP_FILE
+
+
+def read_token_map(draft_dir: Path) -> torch.Tensor:  # [V'] int64 target ids
+    path = Path(draft_dir) / TOKEN_MAP_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"--init-from: {draft_dir} has no {TOKEN_MAP_FILE}: not a draft")
+    return load_file(str(path))["token_map"].long()
+
+
+def read_provenance(draft_dir: Path) -> dict | None:
+    path = Path(draft_dir) / "faser_distill.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_weights(draft: torch.nn.Module, draft_dir: Path) -> None:
+    """Copies the written weights into `draft` (built as faser.distill.run builds it); every
+    trainable tensor must be there with its shape, or the drafts differ and this says where."""
+    stored = load_file(str(Path(draft_dir) / "model.safetensors"))
+    params = dict(draft.named_parameters())
+    names = {_param_name(key, params): key for key in stored}
+    wanted = {n for n, p in params.items() if p.requires_grad}
+    missing = sorted(wanted - names.keys())
+    wrong = sorted(
+        n for n, key in names.items() if n in params and params[n].shape != stored[key].shape
+    )
+    unknown = sorted(key for n, key in names.items() if n not in params)
+    if missing or wrong or unknown:
+        raise ValueError(
+            f"--init-from {draft_dir} is not a draft of this shape (layers, feature layers, "
+            f"output vocabulary): missing {missing[:4]}, wrong shape {wrong[:4]}, "
+            f"unknown {unknown[:4]}"
+        )
+    with torch.no_grad():
+        for name, key in names.items():
+            params[name].copy_(stored[key].to(params[name].dtype))
+
+
+def _param_name(key: str, params: dict) -> str:
+    """A standalone draft stores its body as `model.*` (Hugging Face's names)."""
+    if key.startswith("model.") and key not in params:
+        return "body." + key.removeprefix("model.")
+    return key
