@@ -5,9 +5,10 @@ long docstrings, code from the standard library's sources.
 The target's answers to the built-in prompts are what the draft must guess, but they are few and
 templated: held-out agreement on them was 0.53 and on Spec-Bench answers 0.24. Labelled by the
 target (faser.distill.teacher), real text adds what the templates lack: varied prose, code and
-long contexts (sequences of `width` tokens, longer than any answer). 300k such tokens moved
-teacher-forced agreement on Spec-Bench answers from 0.244 to 0.255 in one epoch of fine-tuning;
-the same epoch on the answers alone, to 0.246."""
+long contexts (sequences of `width` tokens, longer than any answer). In a scratch experiment
+(teacher-forced agreement on the target's answers to 104 Spec-Bench prompts, evaluation only),
+one epoch of fine-tuning on the answers plus 300k such tokens moved it from 0.244 to 0.255, the
+same epoch on the answers alone to 0.246; the committed draft's two epochs with 783k, to 0.263."""
 
 from __future__ import annotations
 
