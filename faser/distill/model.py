@@ -23,9 +23,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from faser.models.loader import OUTPUT_VOCAB_KEY, TIE_TO_TARGET_KEY
+from faser.models.loader import DRAFT_TOKEN_MAP, OUTPUT_VOCAB_KEY, TIE_TO_TARGET_KEY
 
-TOKEN_MAP_FILE = "draft_token_map.safetensors"  # same name as faser.engine.model_pair's
+PROVENANCE_FILE = "faser_distill.json"  # how the draft was made
 
 
 class DraftLM(nn.Module):
@@ -107,6 +107,6 @@ def write_draft(
     """The draft's files: weights, token map, config and how it was made."""
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file(tensors, out_dir / "model.safetensors", metadata={"format": "pt"})
-    save_file({"token_map": token_map.long().contiguous()}, out_dir / TOKEN_MAP_FILE)
+    save_file({"token_map": token_map.long().contiguous()}, out_dir / DRAFT_TOKEN_MAP)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out_dir / "faser_distill.json").write_text(json.dumps(provenance, indent=2) + "\n")
+    (out_dir / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")

@@ -10,18 +10,19 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from faser.distill.model import TOKEN_MAP_FILE
+from faser.distill.model import PROVENANCE_FILE
+from faser.models.loader import DRAFT_TOKEN_MAP, load_token_map
 
 
 def read_token_map(draft_dir: Path) -> torch.Tensor:  # [V'] int64 target ids
-    path = Path(draft_dir) / TOKEN_MAP_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"--init-from: {draft_dir} has no {TOKEN_MAP_FILE}: not a draft")
-    return load_file(str(path))["token_map"].long()
+    token_map = load_token_map(draft_dir)
+    if token_map is None:
+        raise FileNotFoundError(f"--init-from: {draft_dir} has no {DRAFT_TOKEN_MAP}: not a draft")
+    return token_map
 
 
 def read_provenance(draft_dir: Path) -> dict | None:
-    path = Path(draft_dir) / "faser_distill.json"
+    path = Path(draft_dir) / PROVENANCE_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 

@@ -9,11 +9,9 @@ import torch
 from torch import nn
 
 from faser.config import EngineConfig
-from faser.models.loader import load_hf_config, load_model
+from faser.models.loader import DRAFT_TOKEN_MAP, load_hf_config, load_model, load_token_map
 from faser.runner.model_runner import RunnerOptions
 from faser.runner.weights import linear_weight_bytes, pack_weights, resolve_weight_format
-
-DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
 
 
 @dataclass
@@ -55,7 +53,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         draft = load_model(
             draft_dir, config.device, config.dtype, max_position, target.embed_tokens
         )
-        token_map = _load_token_map(draft_dir)
+        token_map = load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
         check_features(target, draft)
     weight_format = resolve_weight_format(
@@ -119,15 +117,6 @@ def check_features(target: nn.Module, draft: nn.Module) -> None:
             f"draft_model reads target layers {list(draft.feature_layers)}; the target has "
             f"layers 1..{num_layers}"
         )
-
-
-def _load_token_map(draft_dir: Path) -> torch.Tensor | None:
-    path = draft_dir / DRAFT_TOKEN_MAP
-    if not path.is_file():
-        return None
-    from safetensors.torch import load_file
-
-    return load_file(path)["token_map"].long()
 
 
 def _load_tokenizer(path: Path):

@@ -22,6 +22,16 @@ TIE_TO_TARGET_KEY = "faser_tie_embedding_to_target"
 DRAFT_TOKEN_MAP = "draft_token_map.safetensors"  # [draft_vocab] target ids of a reduced vocabulary
 
 
+def load_token_map(draft_dir: str | Path) -> torch.Tensor | None:  # [draft_vocab] int64
+    """The target ids of a draft's reduced output vocabulary; None for a full-vocabulary draft."""
+    path = Path(draft_dir) / DRAFT_TOKEN_MAP
+    if not path.is_file():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(path)["token_map"].long()
+
+
 def load_hf_config(path: str | Path):
     from transformers import AutoConfig
 

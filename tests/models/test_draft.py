@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from faser.distill.model import build_draft, export_draft
-from faser.engine.model_pair import _load_token_map, check_vocab
-from faser.models.loader import load_model
+from faser.engine.model_pair import check_vocab
+from faser.models.loader import load_model, load_token_map
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from tests.models.conftest import DRAFT_TEST_VOCAB as VOCAB
@@ -31,7 +31,7 @@ def test_round_trip_gives_the_same_logits(tiny_target, tmp_path: Path) -> None:
 
     engine_target = load_model(target_dir, "cpu", "float32", 64)
     engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
-    loaded_map = _load_token_map(tmp_path / "draft")
+    loaded_map = load_token_map(tmp_path / "draft")
     check_vocab(engine_target, engine_draft, loaded_map)
 
     ids = [5, 17, 3, 96, 40, 40, 2, 61, 8]
