@@ -25,11 +25,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def require_prometheus() -> str:
+    """The binary's path; skips the test where there is none."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus not found: `apt-get install -y prometheus` (Debian)")
+    return binary
+
+
 class PrometheusServer:
     def __init__(self, sd_file: Path, work_dir: Path) -> None:
-        binary = shutil.which("prometheus")
-        if binary is None:
-            pytest.skip("prometheus not found: `apt-get install -y prometheus` (Debian)")
+        binary = require_prometheus()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = work_dir / "prometheus.yml"

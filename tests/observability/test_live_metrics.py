@@ -20,7 +20,7 @@ import pytest
 from deployments import dashboard
 from deployments.metrics import CATALOGUE, MODE, NUM_ACCEPTED_TOKENS, NUM_DRAFTS, exported_names
 from loadtest.prometheus import series_points
-from tests.observability.prometheus_server import PrometheusServer, free_port
+from tests.observability.prometheus_server import PrometheusServer, free_port, require_prometheus
 from tests.observability.promtool import metric_names
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -109,41 +109,45 @@ def live(tiny_close_pair, tmp_path_factory):
     from deployments import build_app
 
     target, draft = tiny_close_pair
+    require_prometheus()  # before Ray starts: a skip past this point would leave Ray running
     port = free_port()
     log("starting Ray (with its dashboard, which writes the Prometheus SD file)")
     ray.init(num_cpus=2, include_dashboard=True, dashboard_port=free_port(),
              log_to_driver=False, _system_config={"metrics_report_interval_ms": 1000})
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_app({
-        "model": str(target), "draft_model": str(draft), "served_model_name": MODEL,
-        # fixed k in two frontiers: a rejection in the first prunes the second
-        "policy": "fixed", "max_k": 4, "frontier_size": 2, "max_model_len": 256,
-        "num_kv_blocks": 96,
-        "max_num_seqs": 2, "max_ongoing_requests": 3, "max_queued_requests": 6,
-        "num_cpus": 0.5, "torch_threads": 1, "routing_stats_period_s": 0.2,
-        # aggressive autoscaling: two busy requests per replica ask for a second replica
-        "num_replicas": "auto", "min_replicas": 1, "max_replicas": 2, "target_load": 0.6,
-        "upscale_delay_s": 1.0, "downscale_delay_s": 3.0, "look_back_period_s": 2.0,
-        "metrics_interval_s": 0.5,
-        # loose targets every request meets: the SLO counters must move too
-        "slo_tpot_ms": 60_000, "slo_ttft_ms": 60_000,
-    })
-    log("deploying the app (tiny models)")
-    serve.run(app, name=APP, route_prefix=f"/{APP}")
-    session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
-    sd_file = wait_for("Ray's SD file", lambda: (session / SD_FILE).is_file() and session / SD_FILE,
-                       60)
-    prometheus = PrometheusServer(sd_file, tmp_path_factory.mktemp("prometheus"))
+    # whatever fails from here on, Ray and Serve stop: the serving tests start their own cluster
     try:
-        prometheus.wait_ready()
-        state = Live(f"http://127.0.0.1:{port}/{APP}", sd_file, prometheus)
-        # the poller sets the gauges within a second or two of the replica starting
-        wait_for("the engine gauges", lambda: MODE.series in names(scrape(sd_file)), 60)
-        state.before = scrape(sd_file)
-        yield state
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        app = build_app({
+            "model": str(target), "draft_model": str(draft), "served_model_name": MODEL,
+            # fixed k in two frontiers: a rejection in the first prunes the second
+            "policy": "fixed", "max_k": 4, "frontier_size": 2, "max_model_len": 256,
+            "num_kv_blocks": 96,
+            "max_num_seqs": 2, "max_ongoing_requests": 3, "max_queued_requests": 6,
+            "num_cpus": 0.5, "torch_threads": 1, "routing_stats_period_s": 0.2,
+            # aggressive autoscaling: two busy requests per replica ask for a second replica
+            "num_replicas": "auto", "min_replicas": 1, "max_replicas": 2, "target_load": 0.6,
+            "upscale_delay_s": 1.0, "downscale_delay_s": 3.0, "look_back_period_s": 2.0,
+            "metrics_interval_s": 0.5,
+            # loose targets every request meets: the SLO counters must move too
+            "slo_tpot_ms": 60_000, "slo_ttft_ms": 60_000,
+        })
+        log("deploying the app (tiny models)")
+        serve.run(app, name=APP, route_prefix=f"/{APP}")
+        session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+        sd_file = wait_for("Ray's SD file",
+                           lambda: (session / SD_FILE).is_file() and session / SD_FILE, 60)
+        prometheus = PrometheusServer(sd_file, tmp_path_factory.mktemp("prometheus"))
+        try:
+            prometheus.wait_ready()
+            state = Live(f"http://127.0.0.1:{port}/{APP}", sd_file, prometheus)
+            # the poller sets the gauges within a second or two of the replica starting
+            wait_for("the engine gauges", lambda: MODE.series in names(scrape(sd_file)), 60)
+            state.before = scrape(sd_file)
+            yield state
+        finally:
+            prometheus.stop()
+            serve.delete(APP)
     finally:
-        prometheus.stop()
-        serve.delete(APP)
         serve.shutdown()
         ray.shutdown()
 
