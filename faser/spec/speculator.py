@@ -60,7 +60,7 @@ class Speculator:
         self.mode = "off" if config.policy == "off" else "prune"
         self.stats = SpecStats()
         self.trace = DecisionTrace.from_config(config)
-        self.overhead = StepOverhead()  # what real steps cost beyond the cost profile
+        self.overhead = StepOverhead(skip_cold_shapes=True)  # real steps beyond the cost profile
         self.num_steps = 0
         self.overlap: OverlapStep | None = None  # set by use_lanes
         # test and benchmark hook: every speculative step overlaps when lanes exist

@@ -101,7 +101,11 @@ def test_the_trace_names_the_mode_of_the_policy_the_requests_ran(tiny_models, tm
         eng.step()
     records = read_trace(tmp_path / "trace.jsonl")
     assert records and all(r["policy"] == "faser" for r in records)
-    assert all(r["mode"] == r["controller_mode"] for r in records if "controller_mode" in r)
+    # a step the goodput model kept plain is 'off' whatever the controller's regime (the step
+    # overhead is learned from this machine's timings, so which steps speculate is not fixed)
+    for r in records:
+        if "controller_mode" in r:
+            assert r["mode"] == (r["controller_mode"] if any(r["k"]) else "off")
     assert any(r["mode"] != "off" for r in records)
 
 
