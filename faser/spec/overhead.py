@@ -87,11 +87,10 @@ class StepOverhead:
     def observe(
         self, predicted_s: float, measured_s: float, num_requests: int, num_draft_tokens: int = 0
     ) -> None:
-        if num_requests < 1:
+        num_draft_tokens = max(0, num_draft_tokens)
+        if num_requests < 1 or self._is_cold(num_requests + num_draft_tokens):
             return
-        n, d, r = float(num_requests), float(max(0, num_draft_tokens)), measured_s - predicted_s
-        if self._is_cold(num_requests + max(0, num_draft_tokens)):
-            return
+        n, d, r = float(num_requests), float(num_draft_tokens), measured_s - predicted_s
         # a running mean over the first steps, then an exponential one
         weight = max(OVERHEAD_EMA, 1.0 / (self.num_steps + 1))
         sample = (n * n, n * d, d * d, n * r, d * r)
