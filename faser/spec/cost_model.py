@@ -261,12 +261,19 @@ def load_or_profile(
 def _measure_curve(
     measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
 ) -> tuple[float, ...]:
-    medians = []
-    for n in points:
-        for _ in range(warmup):
+    """The median per point of `repeats` rounds over all points, each round in the opposite
+    order to the last. Measured point by point, load on a shared machine that changes over the
+    profile's half minute shows up as a cost of size (a point timed while a neighbour was busy
+    prices every step of that size too high for as long as the profile is cached); interleaved,
+    each point sees the same stretch of the machine's time, as the benchmarks' variants do."""
+    for _ in range(warmup):
+        for n in points:
             measure(n)
-        medians.append(statistics.median(float(measure(n)) for _ in range(repeats)))
-    return tuple(_lower_envelope(medians))
+    samples: dict[int, list[float]] = {n: [] for n in points}
+    for round_ in range(repeats):
+        for n in points if round_ % 2 == 0 else reversed(points):
+            samples[n].append(float(measure(n)))
+    return tuple(_lower_envelope([statistics.median(samples[n]) for n in points]))
 
 
 def _pair(value: object) -> tuple[float, float] | None:
