@@ -141,10 +141,10 @@ def profile(
     lanes: LaneTimers | None = None,
 ) -> CostProfile:
     """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
-    at size n. The median of `repeats` calls per point, after `warmup` discarded calls, then the
-    lower envelope from the right (each time the least measured at that size or beyond): a forward
-    over more tokens never costs less, and timing noise, which only ever slows a forward down, is
-    cut away."""
+    at size n. The median of `repeats` calls per point, taken in rounds over all the points
+    (`_measure_curve`) after `warmup` discarded rounds, then the lower envelope from the right
+    (each time the least measured at that size or beyond): a forward over more tokens never costs
+    less, and timing noise, which only ever slows a forward down, is cut away."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     target_times = _measure_curve(measure_target, points, repeats, warmup)
