@@ -11,40 +11,71 @@ import torch
 
 
 class TargetFeatures:
-    __slots__ = ("rows", "start")
+    """Rows h_start .. h_{end-1} in a buffer that grows by doubling: appended to every step and,
+    while a request does not speculate, never read, they would otherwise be copied whole at each
+    write (a request 1,000 tokens in copied 7 MB a step to append 7 KB)."""
+
+    __slots__ = ("_buffer", "_first", "_num", "start")
 
     def __init__(self) -> None:
         self.start = 0  # position of rows[0]
-        self.rows: torch.Tensor | None = None  # [num_positions, hidden]
+        self._buffer: torch.Tensor | None = None  # [capacity, hidden]
+        self._first = 0  # the buffer's row that holds h_start
+        self._num = 0
+
+    @property
+    def rows(self) -> torch.Tensor | None:  # [num_positions, hidden]
+        if self._buffer is None:
+            return None
+        return self._buffer[self._first : self._first + self._num]
 
     @property
     def end(self) -> int:
-        return self.start + (0 if self.rows is None else self.rows.shape[0])
+        return self.start + self._num
 
     def write(self, pos: int, rows: torch.Tensor) -> None:
         """h_pos, h_{pos+1}, ...; whatever was held from pos on is replaced. A forward that
         starts before what is held (a preempted request's recompute) or past its end starts
         afresh."""
-        rows = rows.detach().clone()  # not a view that would keep the whole batch alive
-        if self.rows is None or not self.start <= pos <= self.end:
-            self.start, self.rows = pos, rows
-            return
-        self.rows = torch.cat((self.rows[: pos - self.start], rows))
+        if self._buffer is None or not self.start <= pos <= self.end:
+            self.start, self._first, self._num = pos, 0, 0
+        kept = pos - self.start
+        self._reserve(kept + rows.shape[0], kept, rows)
+        at = self._first + kept
+        self._buffer[at : at + rows.shape[0]] = rows.detach()
+        self._num = kept + rows.shape[0]
 
     def read(self, first: int, last: int) -> torch.Tensor:
         """h_first .. h_{last-1}; position -1 (before the first token) reads zeros."""
         lead = max(0, -first)
         first += lead
-        if self.rows is None or first < self.start or last > self.end:
+        held = self.rows
+        if held is None or first < self.start or last > self.end:
             raise RuntimeError(
                 f"target features of positions [{first}, {last}) are not held "
                 f"(held: [{self.start}, {self.end}))"
             )
-        held = self.rows[first - self.start : last - self.start]
+        held = held[first - self.start : last - self.start]
         return torch.cat((held.new_zeros(lead, held.shape[1]), held)) if lead else held
 
     def forget_before(self, pos: int) -> None:
         """Drops h_p for p < pos: the draft will never read them again."""
-        if self.rows is not None and pos > self.start:
+        if self._buffer is not None and pos > self.start:
             drop = min(pos, self.end) - self.start
-            self.rows, self.start = self.rows[drop:], self.start + drop
+            self._first, self._num = self._first + drop, self._num - drop
+            self.start += drop
+
+    def _reserve(self, num: int, kept: int, like: torch.Tensor) -> None:
+        """Room for `num` rows from `_first`, of which the first `kept` are kept."""
+        buffer = self._buffer
+        if buffer is not None and buffer.dtype == like.dtype and buffer.device == like.device:
+            if self._first + num <= buffer.shape[0]:
+                return
+            if num <= buffer.shape[0] // 2:  # room enough once the forgotten rows are gone
+                buffer[:kept] = buffer[self._first : self._first + kept].clone()
+                self._first = 0
+                return
+        grown = like.new_empty((max(16, 2 * num), like.shape[1]))
+        if buffer is not None and kept:
+            grown[:kept] = buffer[self._first : self._first + kept]
+        self._buffer, self._first = grown, 0
