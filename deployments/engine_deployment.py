@@ -30,6 +30,7 @@ class FaserEngine:
         from faser.engine.llm_engine import LLMEngine  # the heavy import only on replicas
 
         engine = LLMEngine(config)
+        engine.prepare()  # before the replica is ready, not inside its first request
         self.engine = engine
         self.async_engine = AsyncLLMEngine(engine)
         self.target_load = app_args.target_load

@@ -122,6 +122,12 @@ class LLMEngine:
         finally:
             self.blocks.free(table)
 
+    def prepare(self) -> None:
+        """What the engine's own policy needs before its first request: the cost profile of a
+        faser policy, measured here (about a minute on a slow 2-core CPU) rather than inside the
+        first request a server takes, which waited that long."""
+        self.speculator.prepare()
+
     # -- requests ---------------------------------------------------------------------------
 
     def add_request(

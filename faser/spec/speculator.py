@@ -70,9 +70,15 @@ class Speculator:
     def has_draft(self) -> bool:
         return self.proposer is not None
 
+    def prepare(self) -> None:
+        """Measures or loads the cost profile now if the configured policy prices its steps
+        with one; else the first step of such a policy does, inside a request."""
+        if self.has_draft and _prices_steps(self.config.policy):
+            self.policy(self.config.policy)
+
     def policy(self, name: str) -> Policy:
         if name not in self._policies:
-            cost = self.cost_model if name.startswith("faser") else None
+            cost = self.cost_model if _prices_steps(name) else None
             policy = make_policy(replace(self.config, policy=name), cost_model=cost)
             if policy.controller is not None and self._cluster_load is not None:
                 policy.controller.set_cluster_load(self._cluster_load)
@@ -291,3 +297,8 @@ def _slo_limits(
     if ttft_limit is not None:
         limits["max_step_time_s"] = ttft_limit
     return limits
+
+
+def _prices_steps(policy: str) -> bool:
+    """Whether a policy chooses k with the goodput model over the cost profile."""
+    return policy.startswith("faser")
