@@ -35,7 +35,7 @@ slow CPU, a step of 1.5 s where plain ones took 0.5.
 The first step of each shape (target rows: requests plus draft tokens) also pays for warming up:
 the kernels' first calls at a size plan and allocate. The engine's fit (`skip_cold_shapes`)
 learns nothing from it: a cold first speculative step of tiny models took 47 ms where the next of
-its shape took 13, and alone it priced every draft token 4 ms dearer (faser ran `off` from then
+its shape took 13, and alone it priced every draft token 4-7 ms dearer (faser ran `off` from then
 on). A cost profile measured at start-up warms every shape it times; one read from the cache
 warms none.
 """
