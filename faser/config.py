@@ -80,7 +80,8 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
     # how linear weights are laid out (faser/runner/weights.py): "dense", "mkl" (prepacked for
-    # MKL's GEMM at a few row counts, CPU float32), "mkldnn" (oneDNN), or "auto": "mkl" where it
+    # MKL's GEMM at a few row counts, CPU float32), "mkldnn" (oneDNN), "tuned" (the kernel that
+    # measured fastest per weight shape and row count, CPU float32), or "auto": "tuned" where it
     # applies, else "dense"
     weight_format: str = "auto"
     # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;

@@ -5,8 +5,9 @@ fp32 GEMMs ("dense") run at memory bandwidth for up to 3 rows, but from 4 rows o
 slower path: a 4-row forward of the target cost 1.5x a 3-row one. MKL's packed-weight GEMM does
 not jump there, so "mkl" keeps the weights also packed at a few row counts and pads a flat batch up
 to the next (at the price of a copy of the weights per row count); "mkldnn" prepacks for oneDNN.
-The values are unchanged; only the layout (and so the order of floating-point accumulation)
-differs.
+"tuned" (faser.runner.tuned_linear) measures, per weight shape and row count, which of plain,
+transposed and MKL-packed is fastest on this machine, and keeps only the layouts it chose. The
+values are unchanged; only the layout (and so the order of floating-point accumulation) differs.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-WEIGHT_FORMATS = ("auto", "dense", "mkldnn", "mkl")
+from faser.runner.tuned_linear import TunedLinear, cached_tune_group, extra_bytes
+
+WEIGHT_FORMATS = ("auto", "dense", "mkldnn", "mkl", "tuned")
 # row counts "mkl" packs for: fewer rows than the first stay dense (already bandwidth-bound), a
 # flat batch is padded up to the next, and one past the last runs dense. Each is a full copy of
 # the layer's weight, so the model's linear weights take 1 + len(MKL_ROW_BUCKETS) times the memory.
 MKL_ROW_BUCKETS = (4, 8, 16, 32)
-MKL_MEMORY_SHARE = 0.25  # "auto" packs only when the copies take at most this share of free memory
+MEMORY_SHARE = 0.25  # "tuned" keeps its copies of the weights within this share of free memory
 
 
 class PackedLinear(nn.Module):
@@ -68,29 +71,16 @@ class MKLPackedLinear(nn.Module):
         return torch.ops.mkl._mkl_linear(x, packed, self.weight, None, rows)[:n]
 
 
-def resolve_weight_format(
-    weight_format: str, device: str, dtype: str, linear_bytes: int = 0
-) -> str:
-    """The layout "auto" stands for: "mkl" for float32 on a CPU whose torch has MKL when its
-    copies of the `linear_bytes` of weights take at most MKL_MEMORY_SHARE of the free memory,
-    else "dense"."""
+def resolve_weight_format(weight_format: str, device: str, dtype: str) -> str:
+    """The layout "auto" stands for: "tuned" for float32 on a CPU whose torch has MKL (it keeps
+    its copies within MEMORY_SHARE of the free memory, see pack_weights), else "dense"."""
     if weight_format not in WEIGHT_FORMATS:
         raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     if weight_format != "auto":
         return weight_format
     if device != "cpu" or dtype != "float32" or not torch.backends.mkl.is_available():
         return "dense"
-    copies = linear_bytes * len(MKL_ROW_BUCKETS)
-    return "mkl" if copies <= MKL_MEMORY_SHARE * _available_memory() else "dense"
-
-
-def linear_weight_bytes(*models: nn.Module | None) -> int:
-    """What "mkl" copies once per row count: every linear layer's weight."""
-    return sum(
-        m.weight.numel() * m.weight.element_size()
-        for model in models if model is not None
-        for m in model.modules() if isinstance(m, nn.Linear)
-    )
+    return "tuned"
 
 
 def _available_memory() -> int:
@@ -121,10 +111,13 @@ def cgroup_headroom(root: Path) -> int | None:
     return None
 
 
-def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module:
+def pack_weights(
+    model: nn.Module, weight_format: str, device: str, tuning_cache: Path | None = None
+) -> nn.Module:
     """Repacks the decoder layers' projections in place; "mkldnn" leaves the embedding and lm_head
     dense (the head is tied to the embedding in most small models, and a packed copy would double
-    it), "mkl" packs the head too (a verification asks it for many rows)."""
+    it), "mkl" and "tuned" take the head too (a verification asks it for many rows). "tuned"
+    reads and extends its measured choices in `tuning_cache` (a JSON file) when one is given."""
     if weight_format == "auto":
         raise ValueError("resolve 'auto' first (resolve_weight_format): it depends on the pair")
     if weight_format not in WEIGHT_FORMATS:
@@ -133,6 +126,9 @@ def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module
         return model
     if weight_format == "mkl":
         return _pack_mkl(model, device)
+    if weight_format == "tuned":
+        budget = int(MEMORY_SHARE * _available_memory())
+        return _pack_tuned(model, device, budget, tuning_cache)
     if device != "cpu" or not torch.backends.mkldnn.is_available():
         raise ValueError("weight_format 'mkldnn' needs a CPU with oneDNN")
     if next(model.parameters()).dtype != torch.float32:
@@ -161,3 +157,46 @@ def _pack_mkl(model: nn.Module, device: str) -> nn.Module:
     if isinstance(model.lm_head, nn.Linear) and model.lm_head.bias is None:
         model.lm_head = MKLPackedLinear(model.lm_head)
     return model
+
+
+def _pack_tuned(
+    model: nn.Module, device: str, budget_bytes: int, cache_file: Path | None
+) -> nn.Module:
+    """Each shape of bias-free projection (and the head) measured (or its choice read from
+    `cache_file`) and replaced by TunedLinear; a shape whose chosen layouts would take the copies
+    past `budget_bytes` stays dense."""
+    if device != "cpu" or not torch.backends.mkl.is_available():
+        raise ValueError("weight_format 'tuned' needs a CPU build of torch with MKL")
+    if next(model.parameters()).dtype != torch.float32:
+        raise ValueError("weight_format 'tuned' is for float32 weights")
+    groups: dict[tuple[int, int], list[nn.Linear]] = {}
+    for lin in _projections(model):
+        groups.setdefault(tuple(lin.weight.shape), []).append(lin)
+    choices = {}
+    for shape, linears in groups.items():
+        choice = cached_tune_group(linears, cache_file)
+        cost = sum(extra_bytes(lin, choice) for lin in linears)
+        if cost <= budget_bytes and set(choice.kernels) != {"dense"}:
+            choices[shape], budget_bytes = choice, budget_bytes - cost
+    def tuned(lin: nn.Linear) -> nn.Module | None:
+        choice = choices.get(tuple(lin.weight.shape))
+        return TunedLinear(lin, choice) if lin.bias is None and choice else None
+
+    _replace_projections(model, tuned)
+    if isinstance(model.lm_head, nn.Linear) and (packed := tuned(model.lm_head)) is not None:
+        model.lm_head = packed
+    return model
+
+
+def _projections(model: nn.Module) -> list[nn.Linear]:
+    """The bias-free linear layers pack_weights may replace: decoder projections and the head."""
+    found = [
+        child
+        for layer in model.layers
+        for parent in (layer.self_attn, layer.mlp)
+        for child in parent.children()
+        if isinstance(child, nn.Linear)
+    ]
+    if isinstance(model.lm_head, nn.Linear):
+        found.append(model.lm_head)
+    return [lin for lin in found if lin.bias is None]

@@ -133,7 +133,7 @@ def test_per_request_policy_override_mixes_in_one_batch(tiny_models, hf_greedy):
     assert done["2"].spec.num_draft_tokens > 0
 
 
-@pytest.mark.parametrize("weight_format", ["dense", "mkl", "mkldnn"])
+@pytest.mark.parametrize("weight_format", ["dense", "mkl", "mkldnn", "tuned"])
 @pytest.mark.parametrize("policy", ["fixed:3", "faser"])
 def test_every_weight_layout_keeps_greedy_output(tiny_models, hf_greedy, weight_format, policy):
     """Verification runs many rows where plain decoding runs one: a layout whose kernels depend on
@@ -146,5 +146,5 @@ def test_every_weight_layout_keeps_greedy_output(tiny_models, hf_greedy, weight_
 
 def test_auto_layout_is_decided_once_for_the_pair(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "off")
-    expected = "mkl" if torch.backends.mkl.is_available() else "dense"
+    expected = "tuned" if torch.backends.mkl.is_available() else "dense"
     assert llm.engine.pair.weight_format == expected

@@ -54,21 +54,15 @@ def test_mkl_keeps_a_tied_head_tied_and_leaves_biased_projections_dense():
 @pytest.mark.parametrize(
     ("requested", "device", "dtype", "expected"),
     [
-        ("auto", "cpu", "float32", "mkl" if torch.backends.mkl.is_available() else "dense"),
+        ("auto", "cpu", "float32", "tuned" if torch.backends.mkl.is_available() else "dense"),
         ("auto", "cpu", "bfloat16", "dense"),
         ("auto", "cuda", "float32", "dense"),
         ("dense", "cpu", "float32", "dense"),
         ("mkldnn", "cpu", "float32", "mkldnn"),
     ],
 )
-def test_auto_picks_mkl_only_for_float32_on_a_cpu(requested, device, dtype, expected):
+def test_auto_picks_tuned_only_for_float32_on_a_cpu(requested, device, dtype, expected):
     assert resolve_weight_format(requested, device, dtype) == expected
-
-
-@needs_mkl
-def test_auto_stays_dense_when_the_packed_copies_would_not_fit():
-    assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**20) == "mkl"
-    assert resolve_weight_format("auto", "cpu", "float32", linear_bytes=2**60) == "dense"
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
