@@ -23,7 +23,7 @@ from tests.runner.test_weights import _TinyModel
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
 
-MIXED = ("transposed", "packed", "dense", "packed", "transposed", "packed", "dense")
+MIXED = ("transposed", "packed", "onednn", "packed", "transposed", "onednn", "dense")
 
 
 @pytest.mark.parametrize("kernels", [(k,) * len(ROW_BUCKETS) for k in KERNELS] + [MIXED])
@@ -41,6 +41,7 @@ def test_every_kernel_gives_the_dense_product(kernels, rows):
 def test_a_batch_runs_the_choice_of_the_first_bucket_that_holds_it():
     choice = KernelChoice(ROW_BUCKETS, MIXED)
     assert choice.kernel_for(1) == ("transposed", 1)
+    assert choice.kernel_for(3) == ("onednn", 3)
     assert choice.kernel_for(5) == ("transposed", 8)
     assert choice.kernel_for(32) == ("dense", 32)
     assert choice.kernel_for(500) == ("dense", 500)  # past the last bucket: plain GEMM
@@ -55,7 +56,7 @@ def test_only_the_chosen_layouts_are_kept():
 
 
 def test_tuning_picks_the_fastest_kernel_of_each_bucket():
-    fastest = {1: "transposed", 2: "transposed", 4: "packed", 8: "dense"}
+    fastest = {1: "transposed", 2: "onednn", 4: "packed", 8: "dense"}
     calls = []
 
     def timer(kernel, rows, run):
@@ -64,7 +65,7 @@ def test_tuning_picks_the_fastest_kernel_of_each_bucket():
         return 1.0 if kernel == fastest[rows] else 2.0
 
     choice = tune_group([nn.Linear(16, 8, bias=False)], buckets=(1, 2, 4, 8), timer=timer)
-    assert choice == KernelChoice((1, 2, 4, 8), ("transposed", "transposed", "packed", "dense"))
+    assert choice == KernelChoice((1, 2, 4, 8), ("transposed", "onednn", "packed", "dense"))
     assert len(calls) == 4 * len(KERNELS) * 5
 
 
