@@ -25,6 +25,10 @@ class AppArgs(BaseModel):
     frontier_size: int | None = Field(default=None, ge=1)  # None: the policy's choice per step
     device: Literal["cpu", "cuda"] = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # how linear weights are laid out (faser/runner/weights.py); "auto": "tuned" on a CPU in
+    # float32, which measures its kernels at start-up (cached) and may copy the weights a few
+    # times within a quarter of the free memory; "dense" for a replica that must not
+    weight_format: Literal["auto", "dense", "mkl", "mkldnn", "tuned"] = "auto"
     seed: int = 0
     # the deployment's default SLO, for requests that bring none (SLO-aware speculation)
     slo_tpot_ms: float | None = Field(default=None, gt=0)
@@ -117,6 +121,7 @@ class AppArgs(BaseModel):
             ),
             device=self.device,
             dtype=self.dtype,
+            weight_format=self.weight_format,
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_gb=self.kv_cache_memory_gb,

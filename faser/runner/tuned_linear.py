@@ -2,13 +2,13 @@
 fastest on this machine.
 
 Which fp32 kernel is fastest depends on the CPU, the weight's shape and the number of rows, and no
-one layout wins everywhere. On an AMD EPYC (Zen 3, no AVX-512) the target's gate/up projection at
-one row took 0.92 ms as a plain row-major `F.linear`, 0.56 ms as a product with the transposed
-weight and 0.53 ms packed for MKL; its down projection 0.38, 0.48 and 0.61 ms; the 49,152-row head
-15.7, 8.6 and 8.8 ms; at four rows packing won and the transposed product lost by 1.3x. So a
-linear layer keeps the weight in the layouts its measured choices use, and each forward runs the
-kernel chosen for its row count. The values are unchanged; only the order of floating-point
-accumulation differs, as between any two GEMM kernels.
+one layout wins everywhere. On an AMD EPYC (Zen 3, no AVX-512; 30 layers of each shape in turn,
+2 threads) the target's gate/up projection at one row took 0.92 ms as a plain row-major
+`F.linear`, 0.56 ms as a product with the transposed weight and 0.53 ms packed for MKL; its down
+projection 0.38, 0.48 and 0.61 ms; the 49,152-row head 15.7, 8.6 and 8.8 ms; at four rows the
+transposed product lost by 1.3x. So a linear layer keeps the weight in the layouts its measured
+choices use, and each forward runs the kernel chosen for its row count. The values are
+unchanged; only the order of floating-point accumulation differs, as between any two GEMM kernels.
 
 Kernels: "dense" `F.linear(x, W)`; "transposed" `x @ W.T` with W.T stored contiguous;
 "packed" MKL's packed-weight GEMM at exactly the bucket's row count (a batch is padded up to it);
@@ -31,7 +31,8 @@ from torch import nn
 
 KERNELS = ("dense", "transposed", "packed", "onednn")
 # row counts measured; a batch of n rows runs the choice of the first bucket >= n, and one of
-# more rows than the last runs dense (a prefill chunk: compute-bound, where layouts hardly differ)
+# more rows than the last (a prefill chunk, a large batch) runs dense, as in the "mkl" layout:
+# kernels past 32 rows were not compared
 ROW_BUCKETS = (1, 2, 3, 4, 8, 16, 32)
 TIMING_BYTES = 64 << 20  # weights streamed per timed call: more than a CPU's last-level cache
 TIMING_REPEATS = 5
@@ -120,26 +121,28 @@ def tune_group(
     per_layer = linears[0].weight.numel() * linears[0].weight.element_size()
     streamed = linears[: max(1, TIMING_BYTES // per_layer)]
     weights = [lin.weight.detach().contiguous() for lin in streamed]
-    layouts = ([w.t().contiguous() for w in weights], [w.to_mkldnn() for w in weights])
+    onednn = [w.to_mkldnn() for w in weights] if torch.backends.mkldnn.is_available() else None
+    layouts = ([w.t().contiguous() for w in weights], onednn)
     buckets = tuple(buckets)
     kernels = []
     for bucket in buckets:
         runs = _kernel_runs(weights, *layouts, bucket)
         for run in runs.values():  # warm-up: first calls allocate and dispatch
             run()
-        times: dict[str, list[float]] = {k: [] for k in KERNELS}
+        times: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(repeats):
-            for kernel in KERNELS:
-                times[kernel].append(timer(kernel, bucket, runs[kernel]))
-        kernels.append(min(KERNELS, key=lambda k: statistics.median(times[k])))
+            for kernel, run in runs.items():
+                times[kernel].append(timer(kernel, bucket, run))
+        kernels.append(min(runs, key=lambda k: statistics.median(times[k])))
     return KernelChoice(buckets, tuple(kernels))
 
 
 def _kernel_runs(
-    weights: list[torch.Tensor], transposed: list[torch.Tensor], onednn: list[torch.Tensor],
-    rows: int,
+    weights: list[torch.Tensor], transposed: list[torch.Tensor],
+    onednn: list[torch.Tensor] | None, rows: int,
 ) -> dict[str, Callable[[], object]]:
-    """One call per kernel that multiplies `rows` rows by every weight in turn."""
+    """One call per kernel that multiplies `rows` rows by every weight in turn ("onednn" only
+    where torch has oneDNN; "packed" needs MKL, which the "tuned" layout requires)."""
     x = torch.randn(rows, weights[0].shape[1], dtype=weights[0].dtype)
     packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in weights]
 
@@ -159,7 +162,10 @@ def _kernel_runs(
         for w in onednn:  # each call converts its input and output, as TunedLinear's does
             torch.ops.aten.mkldnn_linear(x.to_mkldnn(), w, None).to_dense()
 
-    return {"dense": dense, "transposed": by_transposed, "packed": by_packed, "onednn": by_onednn}
+    runs = {"dense": dense, "transposed": by_transposed, "packed": by_packed, "onednn": by_onednn}
+    if onednn is None:
+        del runs["onednn"]
+    return runs
 
 
 def cached_tune_group(

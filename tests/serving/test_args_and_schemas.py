@@ -13,11 +13,12 @@ from faser.engine.async_engine import TextDeltas
 def test_command_line_strings_become_typed_arguments():
     args = AppArgs.model_validate(
         {"model": "/m", "draft_model": "/d", "device": "cuda", "num_replicas": "auto",
-         "max_k": "3", "policy": "fixed"}
+         "max_k": "3", "policy": "fixed", "weight_format": "dense"}
     )
     assert args.num_replicas == "auto" and args.max_k == 3 and args.gpus_per_replica == 1.0
     config = args.engine_config()
     assert config.spec.policy == "fixed" and config.spec.num_speculative_tokens == 3
+    assert config.weight_format == "dense"
     assert AppArgs.model_validate({"num_replicas": "2"}).num_replicas == 2
 
 
@@ -27,6 +28,7 @@ def test_command_line_strings_become_typed_arguments():
         ({"num_replicas": "many"}, "num_replicas"),
         ({"policy": "magic"}, "policy"),
         ({"device": "tpu"}, "device"),
+        ({"weight_format": "packed"}, "weight_format"),
         ({"max_k": 99}, "max_k"),
         ({"draft_model": "/d"}, "draft_model"),
         ({"modle": "/m"}, "modle"),
