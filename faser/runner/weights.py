@@ -6,8 +6,9 @@ slower path: a 4-row forward of the target cost 1.5x a 3-row one. MKL's packed-w
 not jump there, so "mkl" keeps the weights also packed at a few row counts and pads a flat batch up
 to the next (at the price of a copy of the weights per row count); "mkldnn" prepacks for oneDNN.
 "tuned" (faser.runner.tuned_linear) measures, per weight shape and row count, which of plain,
-transposed and MKL-packed is fastest on this machine, and keeps only the layouts it chose. The
-values are unchanged; only the layout (and so the order of floating-point accumulation) differs.
+transposed, MKL-packed and oneDNN is fastest on this machine, and keeps only the layouts it
+chose. The values are unchanged; only the layout (and so the order of floating-point
+accumulation) differs.
 """
 
 from __future__ import annotations
@@ -178,6 +179,7 @@ def _pack_tuned(
         cost = sum(extra_bytes(lin, choice) for lin in linears)
         if cost <= budget_bytes and set(choice.kernels) != {"dense"}:
             choices[shape], budget_bytes = choice, budget_bytes - cost
+
     def tuned(lin: nn.Linear) -> nn.Module | None:
         choice = choices.get(tuple(lin.weight.shape))
         return TunedLinear(lin, choice) if lin.bias is None and choice else None
