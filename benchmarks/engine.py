@@ -28,7 +28,7 @@ from benchmarks.common import (
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
 
-FORWARD_TOKENS = (1, 3, 4, 5, 8, 9, 16, 32)
+FORWARD_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 32)  # 2: a k = 1 verification
 CONTEXT = 300
 
 
