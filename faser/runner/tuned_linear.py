@@ -114,9 +114,10 @@ def tune_group(
     timer: Timer | None = None,
 ) -> KernelChoice:
     """The fastest kernel at each bucket for layers of one shape, timed over as many of them in
-    turn as stream TIMING_BYTES (a single weight would sit in the cache, which a real forward's
-    never does), the kernels interleaved so that a shared machine's changing load hits each
-    alike; medians of `repeats`."""
+    turn as stream TIMING_BYTES: one weight timed alone would sit in the cache, where a model
+    larger than the cache never finds its weights (a one-layer draft's group is one weight, and
+    is timed as hot as it runs). Kernels interleaved so that a shared machine's changing load
+    hits each alike; medians of `repeats`."""
     timer = timer or _seconds
     per_layer = linears[0].weight.numel() * linears[0].weight.element_size()
     streamed = linears[: max(1, TIMING_BYTES // per_layer)]
