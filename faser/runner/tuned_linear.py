@@ -119,9 +119,7 @@ def tune_group(
     is timed as hot as it runs). Kernels interleaved so that a shared machine's changing load
     hits each alike; medians of `repeats`."""
     timer = timer or _seconds
-    per_layer = linears[0].weight.numel() * linears[0].weight.element_size()
-    streamed = linears[: max(1, TIMING_BYTES // per_layer)]
-    weights = [lin.weight.detach().contiguous() for lin in streamed]
+    weights = [lin.weight.detach().contiguous() for lin in _streamed(linears)]
     onednn = [w.to_mkldnn() for w in weights] if torch.backends.mkldnn.is_available() else None
     layouts = ([w.t().contiguous() for w in weights], onednn)
     buckets = tuple(buckets)
@@ -136,6 +134,12 @@ def tune_group(
                 times[kernel].append(timer(kernel, bucket, run))
         kernels.append(min(runs, key=lambda k: statistics.median(times[k])))
     return KernelChoice(buckets, tuple(kernels))
+
+
+def _streamed(linears: list[nn.Linear]) -> list[nn.Linear]:
+    """The layers a timed call multiplies in turn: as many as stream TIMING_BYTES."""
+    per_layer = linears[0].weight.numel() * linears[0].weight.element_size()
+    return linears[: max(1, TIMING_BYTES // per_layer)]
 
 
 def _kernel_runs(
@@ -196,12 +200,10 @@ def cached_tune_group(
 
 def _cache_key(linears: list[nn.Linear]) -> str:
     weight = linears[0].weight
-    per_layer = weight.numel() * weight.element_size()
-    streamed = min(len(linears), max(1, TIMING_BYTES // per_layer))
     return (
         f"{_cpu_name()}|torch={torch.__version__}|threads={torch.get_num_threads()}|"
-        f"{weight.dtype}|{tuple(weight.shape)}|streamed={streamed}|buckets={ROW_BUCKETS}|"
-        f"kernels={KERNELS}"
+        f"{weight.dtype}|{tuple(weight.shape)}|streamed={len(_streamed(linears))}|"
+        f"buckets={ROW_BUCKETS}|kernels={KERNELS}"
     )
 
 

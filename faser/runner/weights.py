@@ -140,12 +140,21 @@ def pack_weights(
 
 def _replace_projections(model: nn.Module, pack: Callable[[nn.Linear], nn.Module | None]) -> None:
     """Each decoder layer's linear projection replaced by `pack(it)` (kept where that is None)."""
-    for layer in model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                packed = pack(child) if isinstance(child, nn.Linear) else None
-                if packed is not None:
-                    setattr(parent, name, packed)
+    for parent, name, child in _decoder_projections(model):
+        packed = pack(child)
+        if packed is not None:
+            setattr(parent, name, packed)
+
+
+def _decoder_projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, layer) of every linear projection of the decoder layers."""
+    return [
+        (parent, name, child)
+        for layer in model.layers
+        for parent in (layer.self_attn, layer.mlp)
+        for name, child in parent.named_children()
+        if isinstance(child, nn.Linear)
+    ]
 
 
 def _pack_mkl(model: nn.Module, device: str) -> nn.Module:
@@ -192,13 +201,7 @@ def _pack_tuned(
 
 def _projections(model: nn.Module) -> list[nn.Linear]:
     """The bias-free linear layers pack_weights may replace: decoder projections and the head."""
-    found = [
-        child
-        for layer in model.layers
-        for parent in (layer.self_attn, layer.mlp)
-        for child in parent.children()
-        if isinstance(child, nn.Linear)
-    ]
+    found = [child for _, _, child in _decoder_projections(model)]
     if isinstance(model.lm_head, nn.Linear):
         found.append(model.lm_head)
     return [lin for lin in found if lin.bias is None]
