@@ -2,18 +2,19 @@
 fastest on this machine.
 
 Which fp32 kernel is fastest depends on the CPU, the weight's shape and the number of rows, and no
-one layout wins everywhere. On an AMD EPYC (Zen 3, no AVX-512; 30 layers of each shape in turn,
-2 threads) the target's gate/up projection at one row took 0.92 ms as a plain row-major
-`F.linear`, 0.56 ms as a product with the transposed weight and 0.53 ms packed for MKL; its down
-projection 0.38, 0.48 and 0.61 ms; the 49,152-row head 15.7, 8.6 and 8.8 ms; at four rows the
-transposed product lost by 1.3x. So a linear layer keeps the weight in the layouts its measured
-choices use, and each forward runs the kernel chosen for its row count. The values are
-unchanged; only the order of floating-point accumulation differs, as between any two GEMM kernels.
+one layout wins everywhere. On an AMD EPYC (Zen 3, no AVX-512; 2 threads; `python -m
+benchmarks.gemm_kernels`, docs/bench/gemm_kernels_epyc.txt) the target's gate/up projection at
+one row took 0.97 ms a layer as a plain row-major `F.linear`, 0.56 ms as a product with the
+transposed weight and 0.58 ms packed for MKL; its down projection 0.34, 0.39 and 0.51 ms; the
+49,152-row head 14.5, 7.4 and 8.5 ms; at four rows the gate/up projection 1.63 plain, 2.13
+transposed, 1.76 packed and 1.26 with oneDNN. So a linear layer keeps the weight in the layouts
+its measured choices use, and each forward runs the kernel chosen for its row count. The values
+are unchanged; only the order of floating-point accumulation differs, as between any two GEMM
+kernels.
 
 Kernels: "dense" `F.linear(x, W)`; "transposed" `x @ W.T` with W.T stored contiguous;
 "packed" MKL's packed-weight GEMM at exactly the bucket's row count (a batch is padded up to it);
-"onednn" oneDNN's linear on the weight in its blocked layout (on the EPYC the gate/up projection at
-four rows: 1.02 ms, against 1.78 plain and 1.87 packed)."""
+"onednn" oneDNN's linear on the weight in its blocked layout."""
 
 from __future__ import annotations
 
@@ -113,17 +114,29 @@ def tune_group(
     repeats: int = TIMING_REPEATS,
     timer: Timer | None = None,
 ) -> KernelChoice:
-    """The fastest kernel at each bucket for layers of one shape, timed over as many of them in
-    turn as stream TIMING_BYTES: one weight timed alone would sit in the cache, where a model
-    larger than the cache never finds its weights (a one-layer draft's group is one weight, and
-    is timed as hot as it runs). Kernels interleaved so that a shared machine's changing load
-    hits each alike; medians of `repeats`."""
+    """The fastest kernel at each bucket for layers of one shape (kernel_times)."""
+    buckets = tuple(buckets)
+    times = kernel_times(linears, buckets, repeats, timer)
+    kernels = tuple(min(times[bucket], key=times[bucket].get) for bucket in buckets)
+    return KernelChoice(buckets, kernels)
+
+
+def kernel_times(
+    linears: list[nn.Linear],
+    buckets: Iterable[int] = ROW_BUCKETS,
+    repeats: int = TIMING_REPEATS,
+    timer: Timer | None = None,
+) -> dict[int, dict[str, float]]:
+    """bucket -> kernel -> seconds of one call over the layers, for layers of one shape, timed
+    over as many of them in turn as stream TIMING_BYTES: one weight timed alone would sit in the
+    cache, where a model larger than the cache never finds its weights (a one-layer draft's group
+    is one weight, and is timed as hot as it runs). Kernels interleaved so that a shared
+    machine's changing load hits each alike; medians of `repeats`."""
     timer = timer or _seconds
-    weights = [lin.weight.detach().contiguous() for lin in _streamed(linears)]
+    weights = [lin.weight.detach().contiguous() for lin in streamed_layers(linears)]
     onednn = [w.to_mkldnn() for w in weights] if torch.backends.mkldnn.is_available() else None
     layouts = ([w.t().contiguous() for w in weights], onednn)
-    buckets = tuple(buckets)
-    kernels = []
+    medians = {}
     for bucket in buckets:
         runs = _kernel_runs(weights, *layouts, bucket)
         for run in runs.values():  # warm-up: first calls allocate and dispatch
@@ -132,11 +145,11 @@ def tune_group(
         for _ in range(repeats):
             for kernel, run in runs.items():
                 times[kernel].append(timer(kernel, bucket, run))
-        kernels.append(min(runs, key=lambda k: statistics.median(times[k])))
-    return KernelChoice(buckets, tuple(kernels))
+        medians[bucket] = {k: statistics.median(t) for k, t in times.items()}
+    return medians
 
 
-def _streamed(linears: list[nn.Linear]) -> list[nn.Linear]:
+def streamed_layers(linears: list[nn.Linear]) -> list[nn.Linear]:
     """The layers a timed call multiplies in turn: as many as stream TIMING_BYTES."""
     per_layer = linears[0].weight.numel() * linears[0].weight.element_size()
     return linears[: max(1, TIMING_BYTES // per_layer)]
@@ -202,7 +215,7 @@ def _cache_key(linears: list[nn.Linear]) -> str:
     weight = linears[0].weight
     return (
         f"{_cpu_name()}|torch={torch.__version__}|threads={torch.get_num_threads()}|"
-        f"{weight.dtype}|{tuple(weight.shape)}|streamed={len(_streamed(linears))}|"
+        f"{weight.dtype}|{tuple(weight.shape)}|streamed={len(streamed_layers(linears))}|"
         f"buckets={ROW_BUCKETS}|kernels={KERNELS}"
     )
 

@@ -180,7 +180,7 @@ def _pack_tuned(
     if next(model.parameters()).dtype != torch.float32:
         raise ValueError("weight_format 'tuned' is for float32 weights")
     groups: dict[tuple[int, int], list[nn.Linear]] = {}
-    for lin in _projections(model):
+    for lin in tunable_projections(model):
         groups.setdefault(tuple(lin.weight.shape), []).append(lin)
     choices = {}
     for shape, linears in groups.items():
@@ -199,7 +199,7 @@ def _pack_tuned(
     return model
 
 
-def _projections(model: nn.Module) -> list[nn.Linear]:
+def tunable_projections(model: nn.Module) -> list[nn.Linear]:
     """The bias-free linear layers pack_weights may replace: decoder projections and the head."""
     found = [child for _, _, child in _decoder_projections(model)]
     if isinstance(model.lm_head, nn.Linear):
