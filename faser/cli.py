@@ -26,6 +26,14 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
         "--real-text-share", type=float, default=0.25,
         help="share of the generation time for requests about real prose and translations",
     )
+    p.add_argument(
+        "--passage-share", type=float, default=0.2,
+        help="share of the generation time for summaries and rewrites of the target's answers",
+    )
+    p.add_argument(
+        "--listed-share", type=float, default=0.0,
+        help="share of the generation time for requests the target lists, then answers",
+    )
     p.add_argument("--train-minutes", type=float, default=20.0, help="time budget of training")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr", type=float, default=5e-4)
@@ -60,7 +68,8 @@ def _run_distill(args: argparse.Namespace) -> int:
     generation = GenerationConfig(
         target=args.target, num_prompts=args.num_prompts, max_tokens=args.max_tokens,
         chunk_size=args.chunk_size, time_budget_s=60 * args.gen_minutes,
-        real_text_share=args.real_text_share, num_threads=args.threads, seed=args.seed,
+        passage_share=args.passage_share, real_text_share=args.real_text_share,
+        listed_share=args.listed_share, num_threads=args.threads, seed=args.seed,
     )
     train = TrainConfig(
         epochs=args.epochs, lr=args.lr, time_budget_s=60 * args.train_minutes, seed=args.seed

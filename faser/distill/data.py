@@ -6,11 +6,14 @@ Summarising and extraction prompts need passages; `passage_prompts` builds them 
 own earlier answers, so the draft also learns to copy from its context. `real_text_prompts` asks
 terse requests (as real traffic does) about real prose: the documentation pages that ship with
 Python (`pydoc_data`), and sentences of the target's answers to translate; `back_translation_
-prompts` then asks for those translations back in English."""
+prompts` then asks for those translations back in English. `request_list_prompts` asks the target
+to list requests users send (its own sampled lists, parsed by `listed_requests`), so the last
+stage answers requests in words no template has."""
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 
@@ -179,6 +182,65 @@ def back_translation_prompts(translations: list[tuple[str, str]]) -> list[Prompt
         Prompt("translation", f"Translate {language} to English: {text}")
         for language, text in translations
     ]
+
+
+SUBJECTS = (
+    "cooking", "travel in Europe", "personal finance", "gardening", "job interviews",
+    "the history of Japan", "world geography", "physics", "chemistry", "biology",
+    "programming in Python", "web development", "databases", "statistics", "algebra",
+    "geometry", "nutrition", "fitness", "parenting", "pets", "movies", "music theory",
+    "painting", "photography", "philosophy", "economics", "law", "medicine", "psychology",
+    "astronomy", "literature", "poetry", "sports", "video games", "cars", "home repair",
+    "starting a business", "marketing", "writing a novel", "learning languages",
+    "ancient history", "modern history", "politics", "the environment", "weather",
+    "computers", "smartphones", "relationships", "education", "careers",
+)
+
+REQUEST_LISTS = (
+    "List 8 different questions people often ask about {s}.",
+    "List 8 short trivia questions about {s}.",
+    "List 8 requests a user might send to an AI assistant about {s}.",
+    "List 8 tasks a person might ask an AI assistant to help with in {s}.",
+    "List 8 homework questions a student might ask about {s}.",
+)
+
+_LIST_ITEM = re.compile(r"^\s*\d{1,2}[.)]\s+(.+)$")
+
+
+def request_list_prompts() -> list[Prompt]:
+    """Requests for lists of requests: every template over every subject and topic."""
+    return [
+        Prompt("request_list", template.format(s=subject))
+        for subject in SUBJECTS + TOPICS
+        for template in REQUEST_LISTS
+    ]
+
+
+def listed_requests(text: str) -> list[str]:
+    """The numbered items of a list the target wrote that read as requests (4-40 words, no
+    markup, not an echo of the asking prompt), in order, each once."""
+    requests: list[str] = []
+    for line in text.splitlines():
+        match = _LIST_ITEM.match(line)
+        if not match:
+            continue
+        item = match.group(1).strip().strip('"*').strip()
+        words = item.split()
+        if not 4 <= len(words) <= 40 or item.lower().startswith("list ") or "*" in item:
+            continue
+        if item.lower() not in {r.lower() for r in requests}:
+            requests.append(item)
+    return requests
+
+
+def answer_prompts(requests: list[str], seed: int = 0) -> list[Prompt]:
+    """Each distinct request once (first spelling kept), in a seeded order."""
+    seen: dict[str, str] = {}
+    for request in requests:
+        seen.setdefault(request.lower(), request)
+    prompts = [Prompt("listed", text) for text in seen.values()]
+    random.Random(seed).shuffle(prompts)
+    return prompts
 
 
 def _doc_passages(chars: int) -> list[str]:

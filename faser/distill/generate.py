@@ -5,7 +5,9 @@ a rerun resumes where it stopped. Every fourth prompt is answered by sampling (t
 seeded) instead of greedily, so the draft also sees states off the target's greedy path. A second
 stage asks the target to summarise, extract from and rewrite its own earlier answers; a third asks
 terse questions about real prose (pydoc's pages) and to translate sentences of its answers; a
-fourth, to translate those translations back into English."""
+fourth, to translate those translations back into English. Between the second and the third, when
+`listed_share` gives them time, the target lists requests users send (sampled, stage 5) and
+answers them (stage 6): requests no template has, the way the serving prompts are varied."""
 
 from __future__ import annotations
 
@@ -18,14 +20,19 @@ from tqdm.auto import tqdm
 
 from faser.distill.data import (
     Prompt,
+    answer_prompts,
     back_translation_prompts,
     build_prompts,
+    listed_requests,
     passage_prompts,
     real_text_prompts,
+    request_list_prompts,
 )
 
 SAMPLED_EVERY = 4
 SAMPLED_TEMPERATURE = 0.8
+LIST_TEMPERATURE = 0.7  # greedy lists repeat one item; hotter ones stop reading as requests
+LISTS_SHARE = 0.25  # of the listed stages' time, for writing the lists
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +44,16 @@ class GenerationConfig:
     time_budget_s: float = 1200.0
     passage_share: float = 0.2  # of the time budget, for the passage stage
     real_text_share: float = 0.0  # of the time budget, for stages 3 and 4 (real prose)
+    listed_share: float = 0.0  # of the time budget, for stages 5 and 6 (listed requests)
     num_threads: int = 2
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        shares = (self.passage_share, self.real_text_share, self.listed_share)
+        if min(shares) < 0 or sum(shares) > 1:
+            raise ValueError(
+                "passage_share, real_text_share and listed_share must be >= 0 and sum to <= 1"
+            )
 
 
 def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
@@ -47,13 +62,25 @@ def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
 
     llm = LLM(config.target, num_threads=config.num_threads, max_num_seqs=config.chunk_size)
     deadline = time.monotonic() + config.time_budget_s
-    stage_two_end = deadline - config.real_text_share * config.time_budget_s
+    real_text_start = deadline - config.real_text_share * config.time_budget_s
+    stage_two_end = real_text_start - config.listed_share * config.time_budget_s
     stage_one_end = stage_two_end - config.passage_share * config.time_budget_s
     _run_stage(llm, build_prompts(config.num_prompts, config.seed), 1, config, path, stage_one_end)
     greedy = [r for r in read_records(path) if r["stage"] == 1 and not r["sampled"]]
     answers = [llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True) for r in greedy]
     passages = [a for a, r in zip(answers, greedy, strict=True) if len(r["response_ids"]) >= 96]
     _run_stage(llm, passage_prompts(passages, config.seed), 2, config, path, stage_two_end)
+    lists_end = stage_two_end + LISTS_SHARE * config.listed_share * config.time_budget_s
+    if config.listed_share > 0:
+        _run_stage(llm, request_list_prompts(), 5, config, path, lists_end)
+        listed = [
+            request
+            for r in read_records(path) if r["stage"] == 5
+            for request in listed_requests(
+                llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True)
+            )
+        ]
+        _run_stage(llm, answer_prompts(listed, config.seed), 6, config, path, real_text_start)
     if config.real_text_share <= 0:
         return read_records(path)
     sentences = [s for s in map(_first_sentence, answers) if s]
@@ -121,8 +148,10 @@ def _generate_chunk(
 def _params(index: int, stage: int, config: GenerationConfig):
     from faser import SamplingParams
 
+    seed = config.seed * 1_000_003 + stage * 100_000 + index
+    if stage == 5:  # the request lists: all sampled, so that one prompt gives varied items
+        return SamplingParams(max_tokens=config.max_tokens, temperature=LIST_TEMPERATURE, seed=seed)
     if index % SAMPLED_EVERY == SAMPLED_EVERY - 1:
-        seed = config.seed * 1_000_003 + stage * 100_000 + index
         return SamplingParams(
             max_tokens=config.max_tokens, temperature=SAMPLED_TEMPERATURE, seed=seed
         )
