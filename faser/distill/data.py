@@ -219,18 +219,16 @@ def request_list_prompts() -> list[Prompt]:
 def listed_requests(text: str) -> list[str]:
     """The numbered items of a list the target wrote that read as requests (4-40 words, no
     markup, not an echo of the asking prompt), in order, each once."""
-    requests: list[str] = []
+    requests: dict[str, str] = {}  # lower-cased -> first spelling, in order
     for line in text.splitlines():
         match = _LIST_ITEM.match(line)
         if not match:
             continue
         item = match.group(1).strip().strip('"*').strip()
         words = item.split()
-        if not 4 <= len(words) <= 40 or item.lower().startswith("list ") or "*" in item:
-            continue
-        if item.lower() not in {r.lower() for r in requests}:
-            requests.append(item)
-    return requests
+        if 4 <= len(words) <= 40 and not item.lower().startswith("list ") and "*" not in item:
+            requests.setdefault(item.lower(), item)
+    return list(requests.values())
 
 
 def answer_prompts(requests: list[str], seed: int = 0) -> list[Prompt]:
