@@ -51,24 +51,48 @@ class FeatureDraftLM(nn.Module):
         before = _shift(features.float())
         if len(self.feature_layers) > 1:
             before = self.fuse(before)
-        hidden = self._decode(input_ids, before)
+        seq = input_ids.shape[1]
+        first = self._inputs(input_ids, before)
+        hidden = self._decode(first, torch.arange(seq), _causal_mask(seq))
         passes = [hidden]
         if self.training:
-            passes.append(self._decode(input_ids, _shift(hidden)))
+            second = self._inputs(input_ids, _shift(hidden))
+            # the second pass sits beside the first, as a second drafted token sits in the
+            # cache: it reads the first pass's keys before it (the target's features made
+            # them) and its own, never other guesses' (see _second_pass_mask)
+            both = self._decode(torch.cat((first, second), dim=1),
+                                torch.arange(seq).repeat(2), _second_pass_mask(seq))
+            passes.append(both[:, seq:])
         return self.lm_head(torch.cat(passes))
 
-    def _decode(self, input_ids: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
-        batch, seq = input_ids.shape
-        hidden = self.fc(torch.cat((self.embed_tokens(input_ids), before), dim=-1))
-        positions = torch.arange(seq)[None].expand(batch, seq)
+    def _inputs(self, input_ids: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.cat((self.embed_tokens(input_ids), before), dim=-1))
+
+    def _decode(
+        self, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:  # [batch, rows, hidden]: guesses of the target's final state
+        positions = positions[None].expand(hidden.shape[0], -1)
         rope = self.rotary(hidden, positions)
-        # causal; padding sits after every real token, so the real rows never see it
-        mask = torch.full((seq, seq), float("-inf")).triu(1)[None, None]
         for layer in self.layers:
             out = layer(hidden, attention_mask=mask, position_embeddings=rope,
                         position_ids=positions)
             hidden = out[0] if isinstance(out, tuple) else out
-        return self.norm(hidden)  # [batch, seq, hidden]: guesses of the target's final state
+        return self.norm(hidden)
+
+
+def _causal_mask(seq: int) -> torch.Tensor:
+    """[1, 1, seq, seq]; padding sits after every real token, so the real rows never see it."""
+    return torch.full((seq, seq), float("-inf")).triu(1)[None, None]
+
+
+def _second_pass_mask(seq: int) -> torch.Tensor:
+    """[1, 1, 2 seq, 2 seq] over [first pass; second pass]: first-pass rows are causal among
+    themselves; second-pass row p sees first-pass rows before p and itself."""
+    blocked = torch.full((seq, seq), float("-inf"))
+    own = blocked.clone().fill_diagonal_(0.0)
+    top = torch.cat((blocked.triu(1), blocked), dim=1)
+    bottom = torch.cat((blocked.triu(0), own), dim=1)
+    return torch.cat((top, bottom))[None, None]
 
 
 def _shift(rows: torch.Tensor) -> torch.Tensor:

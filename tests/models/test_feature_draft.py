@@ -59,3 +59,29 @@ def test_a_draft_reading_layers_the_target_lacks_is_refused(tiny_target, tmp_pat
     engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
     with pytest.raises(ValueError, match=r"reads target layers \[2, 4\]; the target has layers"):
         check_features(engine_target, engine_draft)
+
+
+def test_the_second_pass_reads_what_drafting_reads(tiny_target) -> None:
+    """Training's second pass at p must see what drafting a second token at p sees: the cache
+    of positions before p, made from the target's features, and its own input from the draft's
+    guess at p - 1; the eval forward, checked against the engine above, is that drafting."""
+    target, _ = tiny_target
+    draft = build_feature_draft(target, (3,), [2], torch.arange(VOCAB))
+    with torch.no_grad():
+        for p in draft.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    ids, ones = torch.tensor([IDS]), torch.ones(1, len(IDS), dtype=torch.long)
+    features = torch.randn(1, len(IDS), target.config.hidden_size)
+    guesses = []
+    hook = draft.norm.register_forward_hook(lambda _m, _i, out: guesses.append(out))
+    with torch.no_grad():
+        second = draft.train()(ids, ones, features)[1]
+        own = guesses[0][0]  # the first pass's guesses of the target's final state
+        draft.eval()
+        for p in range(1, len(IDS)):
+            drafted = features[:, : p + 1].clone()
+            drafted[0, p - 1] = own[p - 1]  # row p reads row p - 1
+            want = draft(ids[:, : p + 1], ones[:, : p + 1], drafted)[0, p]
+            torch.testing.assert_close(second[p], want, atol=1e-5, rtol=1e-5)
+    hook.remove()
