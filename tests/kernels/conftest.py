@@ -21,7 +21,7 @@ from triton_mode import interpreter_in_process
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels" / "faser_kernels"
 TRITON_MODULES = ("triton_cache", "triton_attention", "triton_rejection")
 
 
