@@ -11,7 +11,7 @@ written on the spot: a ~1B target and a ~100M draft). Sections, each a table:
            bound), and, unless --quick, the independent draft with CUDA graphs.
   compile  (only with --compile) the target's forward under torch.compile against eager.
 
-Sized to finish in well under 8 minutes on one H200 (--quick: about a third). Results go to
+Sized to fit a short session on one GPU (--quick: about a third of the work). Results go to
 stdout; --out DIR writes DIR/gpu_check.json after every section (partial results survive a
 timeout). Exit status 1 when a parity check fails or a section raises.
 

@@ -1,4 +1,4 @@
-"""Test-wide settings: one torch thread (the machine has two cores and tests run beside others),
+"""Test-wide settings: one torch thread (tests may run beside others on a small machine),
 and cost profiles cached in the session's temporary folder, not the user's cache (the tiny
 models of each session would leave a profile there every run)."""
 

@@ -3,12 +3,11 @@ without a dataset hub still has it. Prose from pydoc's topic pages and the stand
 long docstrings, code from the standard library's sources.
 
 The target's answers to the built-in prompts are what the draft must guess, but they are few and
-templated: held-out agreement on them was 0.53 and on Spec-Bench answers 0.24. Labelled by the
-target (faser.distill.teacher), real text adds what the templates lack: varied prose, code and
-long contexts (sequences of `width` tokens, longer than any answer). In a scratch experiment
-(teacher-forced agreement on the target's answers to 104 Spec-Bench prompts, evaluation only),
-one epoch of fine-tuning on the answers plus 300k such tokens moved it from 0.244 to 0.255, the
-same epoch on the answers alone to 0.246; the committed draft's two epochs with 783k, to 0.263."""
+templated: a draft trained on them agrees with the target far less on other prompts (Spec-Bench's)
+than on held-out ones of its own. Labelled by the target (faser.distill.teacher), real text adds
+what the templates lack: varied prose, code and long contexts (sequences of `width` tokens, longer
+than any answer); fine-tuning with it raised the teacher-forced agreement on Spec-Bench answers
+where the same epochs on the answers alone barely moved it."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """How often a draft token of confidence q is accepted, learned from every verified position.
 
 The draft's probability of its own token orders positions by difficulty but is no acceptance
-rate: a small draft is unsure of tokens the target still takes (its top-1 on this machine's
-default pair was accepted about a third of the time at confidences where it claimed far less),
-and a looked-up token carries a fixed precision. Trimming on raw confidences cut tokens that
-would have paid. Each verified request is a run of trials: the positions before the first
-rejection were accepted, the rejected one was not, those after it were never judged. Counts by
-bins of q, with a prior of a few pseudo-trials at q itself, so that an unseen bin answers q.
+rate: a small draft is unsure of tokens the target still takes (its top-1 is often accepted at
+confidences where it claims far less), and a looked-up token carries a fixed precision.
+Trimming on raw confidences cut tokens that would have paid. Each verified request is a run of
+trials: the positions before the first rejection were accepted, the rejected one was not, those
+after it were never judged. Counts by bins of q, with a prior of a few pseudo-trials at q itself,
+so that an unseen bin answers q.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Load enters as two signals, each 1 at its threshold: the prune signal, the targe
 would have with full speculation over the knee, and the off signal, the requests decoding over
 the number at which the goodput model stops finding any k that pays at the prior acceptance
 (`off_batch`; past it a draft token costs about as much as a real one). The knee alone is no
-guide to that on a CPU, whose step time can jump between 2 and 8 tokens and then stay flat to 16:
-there k = 1 still paid at 16 requests, 9 % over none, while the knee put them far past it.
+guide to that on a CPU, whose step time can jump at a few tokens and then stay flat for a while:
+there k = 1 can still pay at batches that the knee puts far past it.
 A waiting queue raises both (admissions are held back by our batch), a nearly full KV cache
 raises the first, and the router's cluster-wide load is a floor under each.
 Hysteresis keeps the mode from flapping: a signal crosses its threshold upwards at 1 + margin and
@@ -45,8 +45,7 @@ class ControllerConfig:
     cluster_off: float = 2.0  # fleet load that switches it off
     kv_high: float = 0.9  # above this KV use, speculation's slots compete with admissions
     # relative goodput gain the model must predict to leave `off` for lack of pay, and to keep
-    # speculating: its predictions are a few per cent off (at 32 requests here it predicted
-    # +1 to +4 % for k = 1 where fixed:1 measured -5 to 0 %), so a gain inside that is no gain
+    # speculating: its predictions are a few per cent off, so a gain inside that is no gain
     pay_margin: float = 0.05
     keep_margin: float = 0.01
     history_size: int = 64
@@ -110,9 +109,9 @@ class ModeController:
     def set_overhead(self, overhead: Overhead) -> None:
         """The learned step overhead (faser.spec.overhead). It moves the batch past which
         speculation stops paying, so off_batch is found again, but only once the overhead has
-        moved by a quarter and not within 100 steps of the last time: finding it costs tens of
-        milliseconds (5 % of a one-request run when it followed the overhead's early noise), and
-        the pay check decides meanwhile."""
+        moved by a quarter and not within 100 steps of the last time: finding it runs the goodput
+        search at every batch size (a noticeable share of a short run when it followed the
+        overhead's early noise), and the pay check decides meanwhile."""
         self.overhead = overhead
         seconds = overhead.seconds(1, 1)  # a request verifying one draft token
         found_with = self._off_batch_overhead_s
@@ -198,12 +197,12 @@ class ModeController:
 
     def _off_batch(self, alpha: float) -> float:
         """The fewest decoding requests past which no k pays any more at acceptance `alpha`
-        (sequential steps, no prefill). Not the first batch where none pays: a CPU's curve can
-        make k = 1 lose at 2 requests and win again at 16."""
+        (sequential steps, no prefill). Not the first batch where none pays: a CPU's stepped curve
+        can make k = 1 lose at a small batch and win again at a larger one."""
         if self.max_k == 0:
             return 1.0
         # up to the largest batch the draft was profiled at (the engine's max_num_seqs, at most
-        # 64): past it the scan costs seconds and says nothing the pay check would not
+        # 64): past it the scan only grows longer and says nothing the pay check would not
         largest = self.cost.draft_points[-1] if self.cost.draft_points else 64
         batch, off = 1, 1
         while batch <= largest:

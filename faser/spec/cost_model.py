@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 from faser.models.model_cache import cache_root
 
-# dense where one request's k decides (a CPU's step jumped 1.5x between 2 and 4 tokens, so the
-# straight line between them overpriced k = 2 at batch 1), then doubling, with a point just past
+# dense where one request's k decides (a CPU's step can jump between 2 and 4 tokens, and a
+# straight line across the jump overprices k = 2 at batch 1), then doubling, with a point just past
 # each row count the "mkl" and "tuned" layouts pad to (4, 8, 16, 32; 64 for the step to dense):
 # a padded step costs a staircase, and the straight line from 16 to 32 priced 16 requests' first
 # draft tokens at a fraction of the whole step to 32 rows they cost
@@ -262,8 +262,8 @@ def _measure_curve(
     measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
 ) -> tuple[float, ...]:
     """The median per point of `repeats` rounds over all points, each round in the opposite
-    order to the last. Measured point by point, load on a shared machine that changes over the
-    profile's half minute shows up as a cost of size (a point timed while a neighbour was busy
+    order to the last. Measured point by point, load on a shared machine that changes while the
+    profile runs shows up as a cost of size (a point timed while a neighbour was busy
     prices every step of that size too high for as long as the profile is cached); interleaved,
     each point sees the same stretch of the machine's time, as the benchmarks' variants do."""
     for _ in range(warmup):

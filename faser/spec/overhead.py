@@ -1,15 +1,15 @@
 """What a real step costs beyond the cost profile: learned online, added to every prediction.
 
 The profile times bare forwards at a short context. A served step also schedules, samples,
-keeps per-request state and attends over each request's whole context: on this CPU a decode step
-of 16 requests took about 85 ms where the profile said 61-66, one of 32 about 135 where it said 78.
+keeps per-request state and attends over each request's whole context, so it takes longer than
+the profile says, and the more so the more requests it holds.
 Part of that grows with the requests in the step whatever their k (scheduling, the decode's own
 attention), part with the draft tokens verified: each verified token attends over its request's
 whole context too, and one request's longer verification pads every request's queries in the
 step's attention. With the first part alone the model priced speculation too cheap at high load:
-at 32 requests the per-request part grew to 12 ms a request, so a plain step was predicted at
-460 ms (plain steps took about 150) and speculation looked cheap beside it; faser chose k = 1.7 on
-average and its steps took 450 ms (`benchmarks.policies --step-trace`).
+the per-request part absorbed what verification cost, so plain steps were predicted far slower
+than they ran, speculation looked cheap beside them, and faser's speculative steps came out as
+slow as that prediction (`benchmarks.policies --step-trace` shows it step by step).
 
 So each decode-only step's measured time minus the profile's prediction for what it ran is fitted
 as `per_request_s * requests + per_draft_token_s * draft tokens`, by least squares over recent
@@ -20,24 +20,22 @@ left out: the profile's long forwards are priced on their own terms.
 
 The draft-token term is learned only from the speculative steps a policy chose, and a policy stops
 choosing them once the term says they do not pay: an estimate pushed up by a few noisy steps then
-never met new evidence. On the Azure trace faser's term rose to 4-9 ms a token where fixed:1's own
-steps showed about 2, and faser ran `off` for the rest of the run (`benchmarks.policies
---step-trace`). So the term has a prior, which weighs in as its evidence ages: while steps
-speculate it counts for nothing, and each plain step since the last speculative one moves it
-toward `PRIOR_WEIGHT` of the evidence the speculative steps gave (their mean squared draft
-tokens), as that evidence decays. After 20 to 40 plain steps the estimate is halfway to the prior,
-so that speculation is tried again where the prior says it pays, and either confirmed or priced
-anew. The prior is that a draft token costs beyond the profile what a request does (the plain
-steps keep measuring that): each verified token attends over its request's whole context as the
-request's own token does. A prior of no cost at all made faser try k = 1 at 29 requests on a
-slow CPU, a step of 1.5 s where plain ones took 0.5.
+never met new evidence, and faser ran `off` for the rest of the run. So the term has a prior,
+which weighs in as its evidence ages: while steps speculate it counts for nothing, and each plain
+step since the last speculative one moves it toward `PRIOR_WEIGHT` of the evidence the
+speculative steps gave (their mean squared draft tokens), as that evidence decays. After 20 to
+40 plain steps the estimate is halfway to the prior, so that speculation is tried again where
+the prior says it pays, and either confirmed or priced anew. The prior is that a draft token
+costs beyond the profile what a request does (the plain steps keep measuring that): each
+verified token attends over its request's whole context as the request's own token does. A prior
+of no cost at all made faser retry speculation at loads where it cannot pay, each try a step
+several times as long as a plain one.
 
 The first step of each shape (target rows: requests plus draft tokens) also pays for warming up:
 the kernels' first calls at a size plan and allocate. The engine's fit (`skip_cold_shapes`)
-learns nothing from it: a cold first speculative step of tiny models took 47 ms where the next of
-its shape took 13, and alone it priced every draft token 4-7 ms dearer (faser ran `off` from then
-on). A cost profile measured at start-up warms every shape it times; one read from the cache
-warms none.
+learns nothing from it: a cold first step can take several times as long as the next of its
+shape, and that one step alone priced draft tokens so dear that faser ran `off` from then on. A
+cost profile measured at start-up warms every shape it times; one read from the cache warms none.
 """
 
 from __future__ import annotations

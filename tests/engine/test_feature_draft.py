@@ -3,7 +3,7 @@ equals the target's own under every policy, chunked prefill and preemption; samp
 target's distribution; the draft never overlaps.
 
 The draft is trained, in the fixture, on the target's own greedy continuations of TRAIN_PROMPTS
-(a few seconds on models this small): on those prompts it guesses well but not perfectly, so
+(quick on models this small): on those prompts it guesses well but not perfectly, so
 steps both accept and reject."""
 
 from __future__ import annotations

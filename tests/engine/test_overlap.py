@@ -47,7 +47,7 @@ def test_overlap_matches_hf_generate(tiny_models, hf_greedy, shape, policy, fron
 
 def test_faser_overlaps_at_low_load_and_stays_lossless(tiny_models, hf_greedy):
     """No hook: the faser policy's own overlap mode takes the overlapped step. The cost profile
-    is a fixed memory-bound one (a measured one would follow this shared machine's load)."""
+    is a fixed memory-bound one (a measured one would follow whatever else loads the machine)."""
     llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
               spec=SpecConfig(policy="faser"), lane_threads=(1, 1), num_kv_blocks=96,
               block_size=4)

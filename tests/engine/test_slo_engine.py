@@ -102,7 +102,7 @@ def test_the_trace_names_the_mode_of_the_policy_the_requests_ran(tiny_models, tm
     records = read_trace(tmp_path / "trace.jsonl")
     assert records and all(r["policy"] == "faser" for r in records)
     # a step the goodput model kept plain is 'off' whatever the controller's regime (the step
-    # overhead is learned from this machine's timings, so which steps speculate is not fixed)
+    # overhead is learned from real step timings, so which steps speculate is not fixed)
     for r in records:
         if "controller_mode" in r:
             assert r["mode"] == (r["controller_mode"] if any(r["k"]) else "off")

@@ -3,7 +3,7 @@ delays) under a headless Locust step load; its replicas' metrics read from Ray's
 endpoints and through a real Prometheus that scrapes them from Ray's service-discovery file.
 
 One module-scoped cluster and app; the load runs once (a fixture) and every test reads its
-outcome. About two to three minutes on two busy cores; progress is printed (`pytest -s`)."""
+outcome. Slow (a Ray cluster, Serve and Prometheus start); progress is printed (`pytest -s`)."""
 
 from __future__ import annotations
 

@@ -109,9 +109,9 @@ def test_off_when_speculation_cannot_pay():
 
 
 def test_a_cpu_curve_with_an_early_jump_keeps_speculating_where_it_pays():
-    """The target's step as profiled here (SmolLM2-135M, fp32, 2 threads): 4 tokens cost 1.6x
-    one, 16 barely more than 8. The knee sits at 2 tokens, yet k = 1 paid at 16 requests (9 %
-    over none, measured); past about 20 requests it stops paying."""
+    """A CPU-shaped target step (SmolLM2-135M, fp32, 2 threads): 4 tokens cost 1.6x one, 16
+    barely more than 8. The knee sits at 2 tokens, yet k = 1 still pays at 16 requests; past
+    about 20 requests it stops paying."""
     cpu = CostProfile(
         (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
         (0.0301, 0.0324, 0.0492, 0.0633, 0.0657, 0.0802, 0.120, 0.182, 0.353, 0.977),
@@ -152,8 +152,8 @@ def _transitions(modes):
 
 
 def test_overlap_only_where_the_lanes_pay_for_themselves():
-    """On a 2-core CPU the target's lane has half the cores: its forward takes twice as long,
-    more than hiding the draft wins back, so low load runs sequential (prune) steps there."""
+    """When the target's lane has half a CPU's cores, its forward takes twice as long, more
+    than hiding the draft wins back, so low load runs sequential (prune) steps there."""
     halved = dataclasses.replace(PROFILE, lane_scales=(2.0, 1.0))
     ctrl = ModeController(halved, MAX_K, alpha_prior=0.8)
     assert run(ctrl, [load(2)] * 4) == ["prune"] * 4

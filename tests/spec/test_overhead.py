@@ -156,8 +156,8 @@ def test_a_relaxed_price_lets_the_policy_try_speculation_again():
 
 
 def test_the_first_step_of_a_shape_teaches_nothing_when_asked():
-    """A shape's first step also warms its kernels up (47 ms where the next took 13, measured on
-    tiny models): the engine's fit skips it, so that one cold step does not price draft tokens
+    """A shape's first step also warms its kernels up (it can take several times as long as the
+    next): the engine's fit skips it, so that one cold step does not price draft tokens
     for the rest of the run; later steps of that shape are learned from."""
     cold, plain = StepOverhead(skip_cold_shapes=True), StepOverhead()
     for overhead in (cold, plain):
