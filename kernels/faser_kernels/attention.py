@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from faser_kernels.backend import use_triton
+from faser_kernels.backend import attention_backend
 
 # Requests with at most this many queries (decodes, verifications) share one padded SDPA call;
 # a longer prefill chunk gets a call of its own: padded into one batch with it, thirty decodes
@@ -195,12 +195,19 @@ def paged_attention(
     seq_lens: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     scale: float,
-    gather: KVGather | None = None,  # used by the twin only; the Triton kernel needs no plan
+    gather: KVGather | None = None,  # used by the twin only; the kernels need no plan
 ) -> torch.Tensor:
-    if use_triton(query):
+    backend = attention_backend(query.device, query.dtype, query.shape[-1])
+    if backend == "triton":
         from faser_kernels.triton_attention import paged_attention_triton
 
         return paged_attention_triton(
+            query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale
+        )
+    if backend == "cpu":
+        from faser_kernels.cpu_attention import paged_attention_cpu
+
+        return paged_attention_cpu(
             query, key_cache, value_cache, block_tables, seq_lens, cu_seqlens_q, scale
         )
     return paged_attention_torch(

@@ -1,0 +1,144 @@
+/* Row-invariant paged attention for x86 CPUs with AVX-512.
+ *
+ * Each (query token, head) is one work item that walks its own request's keys 0..pos in order:
+ * scores in fp32, their maximum, exp and sum, then the weighted sum of values, every reduction in
+ * a fixed order that depends only on pos. A query therefore gets the same bits whether it is a
+ * decode, one of k + 1 verified positions or a row of a prefill chunk, and whatever else shares
+ * the batch. Tensors (q, caches, out) are bf16 or fp32, all of one dtype:
+ *   q, out: [num_tokens, num_heads, head_dim]
+ *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_CHUNKS 16 /* head_dim <= 256: 16 vectors of 16 fp32 */
+
+typedef struct {
+    const void *q, *k_cache, *v_cache;
+    const int32_t *block_tables, *seq_lens, *cu_seqlens_q;
+    void *out;
+    long num_seqs, max_blocks, block_size, num_heads, num_kv_heads, head_dim;
+    float scale;
+    int bf16;
+} Attention;
+
+static inline __mmask16 tail_mask(long left) {
+    return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+}
+
+/* 16 elements from i of a row of the given dtype, as fp32 (zeros past n). */
+static inline __m512 load16(const void *row, long i, long n, int bf16) {
+    __mmask16 m = tail_mask(n - i);
+    if (bf16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+}
+
+/* exp(x) for x <= 0: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6. */
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+static inline const void *cache_row(const Attention *a, const void *cache, const int32_t *table,
+                                    long j, long kv_head) {
+    long slot = (long)table[j / a->block_size] * a->block_size + j % a->block_size;
+    long offset = (slot * a->num_kv_heads + kv_head) * a->head_dim;
+    return a->bf16 ? (const void *)((const uint16_t *)cache + offset)
+                   : (const void *)((const float *)cache + offset);
+}
+
+static void attend(const Attention *a, long token, long seq, long head, float *scores) {
+    long d = a->head_dim, chunks = (d + 15) / 16;
+    long q_len = a->cu_seqlens_q[seq + 1] - a->cu_seqlens_q[seq];
+    long pos = a->seq_lens[seq] - q_len + (token - a->cu_seqlens_q[seq]);
+    long kv_head = head / (a->num_heads / a->num_kv_heads);
+    const int32_t *table = a->block_tables + seq * a->max_blocks;
+    long q_off = (token * a->num_heads + head) * d;
+    const void *q_row = a->bf16 ? (const void *)((const uint16_t *)a->q + q_off)
+                                : (const void *)((const float *)a->q + q_off);
+    __m512 q[MAX_CHUNKS];
+    for (long c = 0; c < chunks; c++) q[c] = load16(q_row, c * 16, d, a->bf16);
+
+    float max_score = -INFINITY;
+    for (long j = 0; j <= pos; j++) {
+        const void *k_row = cache_row(a, a->k_cache, table, j, kv_head);
+        __m512 dot = _mm512_setzero_ps();
+        for (long c = 0; c < chunks; c++)
+            dot = _mm512_fmadd_ps(q[c], load16(k_row, c * 16, d, a->bf16), dot);
+        scores[j] = _mm512_reduce_add_ps(dot) * a->scale;
+        max_score = scores[j] > max_score ? scores[j] : max_score;
+    }
+    __m512 sum = _mm512_setzero_ps(), top = _mm512_set1_ps(max_score);
+    for (long j = 0; j <= pos; j += 16) {
+        __mmask16 m = tail_mask(pos + 1 - j);
+        __m512 p = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + j), top));
+        p = _mm512_maskz_mov_ps(m, p);
+        _mm512_mask_storeu_ps(scores + j, m, p);
+        sum = _mm512_add_ps(sum, p);
+    }
+    __m512 acc[MAX_CHUNKS];
+    for (long c = 0; c < chunks; c++) acc[c] = _mm512_setzero_ps();
+    for (long j = 0; j <= pos; j++) {
+        const void *v_row = cache_row(a, a->v_cache, table, j, kv_head);
+        __m512 p = _mm512_set1_ps(scores[j]);
+        for (long c = 0; c < chunks; c++)
+            acc[c] = _mm512_fmadd_ps(p, load16(v_row, c * 16, d, a->bf16), acc[c]);
+    }
+    __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (long c = 0; c < chunks; c++) {
+        __m512 o = _mm512_mul_ps(acc[c], inv);
+        __mmask16 m = tail_mask(d - c * 16);
+        if (a->bf16)
+            _mm256_mask_storeu_epi16((uint16_t *)a->out + q_off + c * 16, m,
+                                     (__m256i)_mm512_cvtneps_pbh(o));
+        else
+            _mm512_mask_storeu_ps((float *)a->out + q_off + c * 16, m, o);
+    }
+}
+
+int faser_paged_attention(const void *q, const void *k_cache, const void *v_cache,
+                          const int32_t *block_tables, const int32_t *seq_lens,
+                          const int32_t *cu_seqlens_q, void *out, long num_seqs, long max_blocks,
+                          long block_size, long num_heads, long num_kv_heads, long head_dim,
+                          float scale, int bf16) {
+    if (head_dim > 16 * MAX_CHUNKS || num_heads % num_kv_heads) return -1;
+    Attention a = {q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, num_seqs,
+                   max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale, bf16};
+    long num_tokens = cu_seqlens_q[num_seqs], longest = 0;
+    long *seq_of = malloc(sizeof(long) * (num_tokens ? num_tokens : 1));
+    if (!seq_of) return -2;
+    for (long s = 0; s < num_seqs; s++) {
+        for (long t = cu_seqlens_q[s]; t < cu_seqlens_q[s + 1]; t++) seq_of[t] = s;
+        longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+    }
+    long width = longest + 16;
+    float *scores = malloc(sizeof(float) * width * omp_get_max_threads());
+    if (!scores) {
+        free(seq_of);
+        return -2;
+    }
+#pragma omp parallel for schedule(static)
+    for (long item = 0; item < num_tokens * num_heads; item++)
+        attend(&a, item / num_heads, seq_of[item / num_heads], item % num_heads,
+               scores + width * omp_get_thread_num());
+    free(scores);
+    free(seq_of);
+    return 0;
+}

@@ -1,0 +1,73 @@
+"""The row-invariant CPU attention kernel against its twin (paged_attention_torch) over decodes,
+verifications, prefill chunks and their mixes, and its defining property: a query gets the bits
+it gets alone, whatever else shares the batch and however many queries its request has."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from kernel_cases import AttentionCase, paged_batch
+from test_attention import CASES
+
+from faser_kernels.attention import paged_attention_torch
+from faser_kernels.cpu_attention import paged_attention_cpu, unavailable_reason
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(params=DTYPES, ids=str)
+def dtype(request) -> torch.dtype:
+    if (reason := unavailable_reason(request.param, 64)) is not None:
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_the_kernel_equals_its_twin_to_rounding(case, dtype):
+    case = dataclasses.replace(case, dtype=dtype)
+    batch = paged_batch(case, seed=1)
+    scale = 1 / math.sqrt(case.head_dim)
+    out = paged_attention_cpu(*batch.args(scale))
+    twin = paged_attention_torch(*(t.float() if t.is_floating_point() else t
+                                   for t in batch.args(scale)[:-1]), scale)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), twin, atol=tolerance, rtol=tolerance)
+
+
+def test_a_verification_query_has_the_bits_of_a_decode_at_its_position(dtype):
+    """The same request's cache: 5 queries verified at once, then each as a decode alone with
+    the keys up to it, then beside other requests."""
+    case = AttentionCase(9, 3, 64, 16, q_lens=(5, 1, 30), context_lens=(40, 77, 3), dtype=dtype)
+    batch = paged_batch(case, seed=2)
+    scale = 0.125
+    together = paged_attention_cpu(*batch.args(scale))
+    for i in range(5):
+        alone = paged_attention_cpu(
+            batch.query[i : i + 1], batch.key_cache, batch.value_cache, batch.block_tables[:1],
+            torch.tensor([41 + i], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+            scale,
+        )
+        assert torch.equal(alone[0], together[i]), i
+
+
+def test_a_query_ignores_the_batch_beside_it(dtype):
+    case = AttentionCase(4, 2, 64, 8, q_lens=(1, 3, 12, 1), context_lens=(20, 9, 0, 50),
+                         dtype=dtype)
+    batch = paged_batch(case, seed=3)
+    together = paged_attention_cpu(*batch.args(0.125))
+    cu = batch.cu_seqlens_q.tolist()
+    for s in range(4):
+        rows = slice(cu[s], cu[s + 1])
+        alone = paged_attention_cpu(
+            batch.query[rows], batch.key_cache, batch.value_cache, batch.block_tables[s : s + 1],
+            batch.seq_lens[s : s + 1], torch.tensor([0, cu[s + 1] - cu[s]], dtype=torch.int32),
+            0.125,
+        )
+        assert torch.equal(alone, together[rows]), s
+
+
+def test_a_head_too_wide_is_refused():
+    assert "head_dim" in unavailable_reason(torch.float32, 512)
