@@ -5,7 +5,7 @@
   C. the target's forward time for 1-32 tokens of one request against a warm KV cache.
 
 Each figure is the median of interleaved repeats. Usage:
-  python -m benchmarks.engine [--model M --draft-model D] [--weights dense,mkl,mkldnn,bf16]
+  python -m benchmarks.engine [--model M --draft-model D] [--variants bf16-packed,fp32-dense]
       [--threads 1] [--max-tokens 48] [--repeats 3] [--json OUT]
 """
 
@@ -36,8 +36,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
-    ap.add_argument("--weights", default="dense,mkl,mkldnn,bf16",
-                    help="variants side by side: dense / mkl / mkldnn fp32 weights, bf16 (dtype)")
+    ap.add_argument("--variants", default="bf16-packed,bf16-dense,fp32-packed,fp32-dense",
+                    help="DTYPE-LAYOUT side by side: bf16 or fp32, packed or dense weights")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--batch-sizes", default="1,16")
@@ -50,7 +50,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_engine(args: argparse.Namespace, variant: str) -> LLM:
-    dtype, weight_format = ("bfloat16", "dense") if variant == "bf16" else ("float32", variant)
+    dtype, _, weight_format = variant.partition("-")
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
     return LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
                num_threads=args.threads, weight_format=weight_format, dtype=dtype,
                max_num_seqs=32)
@@ -105,7 +106,7 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    formats = args.weights.split(",")
+    formats = args.variants.split(",")
     engines = {fmt: make_engine(args, fmt) for fmt in formats}
     first = engines[formats[0]]
     tokenizer = first.tokenizer

@@ -99,7 +99,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "most tokens/s in closed loop, lowest mean latency on a trace")
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
                    help="auto, dense, mkl or mkldnn")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")

@@ -24,11 +24,10 @@ class AppArgs(BaseModel):
     max_k: int = Field(default=4, ge=0, le=16)
     frontier_size: int | None = Field(default=None, ge=1)  # None: the policy's choice per step
     device: Literal["cpu", "cuda"] = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # how linear weights are laid out (faser/runner/weights.py); "auto": "tuned" on a CPU in
-    # float32, which measures its kernels at start-up (cached) and may copy the weights a few
-    # times within a quarter of the free memory; "dense" for a replica that must not
-    weight_format: Literal["auto", "dense", "mkl", "mkldnn", "tuned"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # how linear weights are laid out (faser/runner/weights.py); "auto": the row-invariant
+    # CPU kernel's "packed" panels where it runs, else torch's "dense" linear
+    weight_format: Literal["auto", "dense", "packed"] = "auto"
     seed: int = 0
     # the deployment's default SLO, for requests that bring none (SLO-aware speculation)
     slo_tpot_ms: float | None = Field(default=None, gt=0)

@@ -70,7 +70,7 @@ class EngineConfig:
     draft_model: str | None = None  # None: the embedded default draft when model is None
     spec: SpecConfig = field(default_factory=SpecConfig)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"  # "auto": what the device computes natively (faser.runner.precision)
     block_size: int = 16
     num_kv_blocks: int | None = None  # None: derived from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
@@ -79,10 +79,8 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
-    # how linear weights are laid out (faser/runner/weights.py): "dense", "mkl" (prepacked for
-    # MKL's GEMM at a few row counts, CPU float32), "mkldnn" (oneDNN), "tuned" (the kernel that
-    # measured fastest per weight shape and row count, CPU float32), or "auto": "tuned" where it
-    # applies, else "dense"
+    # how linear weights are laid out (faser/runner/weights.py): "packed" (the row-invariant CPU
+    # kernel's panels), "dense" (torch's linear), or "auto": "packed" where it runs
     weight_format: str = "auto"
     # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;
     # None: split the engine's threads (no lanes, so no overlap, with fewer than two)
@@ -95,8 +93,10 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.cuda_graphs and not self.device.startswith("cuda"):
             raise ValueError(f"cuda_graphs needs a CUDA device, got device={self.device!r}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
         if self.block_size < 1 or self.max_num_seqs < 1:
             raise ValueError("block_size and max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -19,7 +19,7 @@ class LLM:
         draft_model: str | None = None,
         spec: SpecConfig | None = None,
         device: str = "cpu",
-        dtype: str = "float32",
+        dtype: str = "auto",
         **engine_kwargs,
     ) -> None:
         config = EngineConfig(

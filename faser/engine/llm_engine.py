@@ -19,6 +19,7 @@ from faser.runner.block_manager import BlockManager
 from faser.runner.kv_cache import kv_bytes_per_slot
 from faser.runner.lanes import make_lanes
 from faser.runner.model_runner import ModelRunner
+from faser.runner.precision import resolve_dtype
 from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
 from faser.sampling_params import SamplingParams
 from faser.spec.cost_model import (
@@ -41,10 +42,11 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
+        config = replace(config, dtype=resolve_dtype(config.dtype, config.device))
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        # denormals in tiny activations made batched generation 20x slower on this CPU
+        # denormals in tiny activations take the CPU's slow path: batched generation crawled
         torch.set_flush_denormal(True)
         self.pair = load_pair(config, max_k=16)
         self.tokenizer = self.pair.tokenizer
@@ -69,13 +71,20 @@ class LLMEngine:
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)
         if draft is not None:
             self.speculator.use_lanes(make_lanes(config.device, config.lane_threads))
-            if config.dtype != "float32":
-                # a (k + 1)-token forward rounds differently from a one-token one; in half
-                # precision that flips near-tied argmaxes (measured: bf16 on SmolLM2)
-                logger.warning("speculation in %s is not bit-exact against plain decoding; "
-                               "use float32 for exact equality", config.dtype)
+            if (reason := self._inexact_reason()) is not None:
+                logger.warning("speculation is not bit-exact against plain decoding here: %s",
+                               reason)
         self._ids = itertools.count()
         self._aborted: list[Sequence] = []
+
+    def _inexact_reason(self) -> str | None:
+        """Why the target's step is not row-invariant (so a (k + 1)-token verification may round
+        differently from k + 1 decodes and, near a tie, flip a greedy token), or None."""
+        if self.pair.weight_format != "packed":
+            return f"the {self.pair.weight_format} linear layers are not row-invariant"
+        if self.target.attention_backend != "cpu":
+            return f"the {self.target.attention_backend} attention is not row-invariant"
+        return None
 
     def _blocks_for_memory(self) -> int:
         dtype = next(self.pair.target.parameters()).dtype

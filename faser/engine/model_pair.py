@@ -12,9 +12,6 @@ from faser.config import EngineConfig
 from faser.models.loader import DRAFT_TOKEN_MAP, load_hf_config, load_model, load_token_map
 from faser.runner.model_runner import RunnerOptions
 from faser.runner.weights import pack_weights, resolve_weight_format
-from faser.spec.cost_model import default_cache_dir
-
-LAYOUTS_FILE = "layouts.json"  # the "tuned" layout's measured kernel choices, beside the profiles
 
 
 @dataclass
@@ -62,7 +59,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
     for model in (target, draft):
         if model is not None:
-            pack_weights(model, weight_format, config.device, default_cache_dir() / LAYOUTS_FILE)
+            pack_weights(model, weight_format, config.device)
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,

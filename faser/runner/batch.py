@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 
 from faser.layers.attention import AttentionMetadata
-from faser_kernels import use_triton
 from faser_kernels.attention import plan_kv_gather
 
 
@@ -38,7 +37,11 @@ class FlatBatch:
 
 
 def build_batch(
-    chunks: list[Chunk], block_size: int, device: str, feature_dim: int | None = None
+    chunks: list[Chunk],
+    block_size: int,
+    device: str,
+    feature_dim: int | None = None,
+    plan_gather: bool = True,  # the PyTorch twin's attention plan (the kernels need none)
 ) -> FlatBatch:
     input_ids: list[int] = []
     positions: list[int] = []
@@ -67,7 +70,7 @@ def build_batch(
     seq_lens_t = tensor(seq_lens, torch.int32)
     cu_seqlens_q = tensor(cu_seqlens, torch.int32)
     gather = None
-    if not use_triton(seq_lens_t):
+    if plan_gather:
         gather = plan_kv_gather(block_tables, seq_lens_t, cu_seqlens_q, block_size)
     meta = AttentionMetadata(tensor(slots), block_tables, seq_lens_t, cu_seqlens_q, gather)
     features = None if feature_dim is None else _features(chunks, feature_dim, device)

@@ -10,6 +10,7 @@ from torch import nn
 from faser.runner.batch import Chunk, build_batch
 from faser.runner.cuda_graphs import DecodeGraphs
 from faser.runner.kv_cache import allocate_kv_cache
+from faser_kernels.backend import attention_backend
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +38,7 @@ class ModelRunner:
             len(model.layers), num_blocks, block_size, model.num_kv_heads, model.head_dim,
             dtype, device,
         )
+        self.attention_backend = attention_backend(device, dtype, model.head_dim)
         self.num_positions_computed = 0  # tokens this model has run over, for pruning figures
         # the target of a feature draft: the layers whose output the draft reads (see
         # LlamaForCausalLM.forward_features); forwards then also return those features
@@ -72,7 +74,8 @@ class ModelRunner:
         hidden state (for a feature draft, its guess of the target's). Forwards that read or
         return features run eagerly: the captured CUDA graphs return the hidden state only."""
         width = self.model.feature_dim if self.reads_features else None
-        batch = build_batch(chunks, self.block_size, self.device, width)
+        batch = build_batch(chunks, self.block_size, self.device, width,
+                            plan_gather=self.attention_backend == "torch")
         self.num_positions_computed += batch.input_ids.numel()
         args = (batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         if batch.features is not None:

@@ -26,9 +26,7 @@ from faser.models.model_cache import cache_root
 
 # dense where one request's k decides (a CPU's step can jump between 2 and 4 tokens, and a
 # straight line across the jump overprices k = 2 at batch 1), then doubling, with a point just past
-# each row count the "mkl" and "tuned" layouts pad to (4, 8, 16, 32; 64 for the step to dense):
-# a padded step costs a staircase, and the straight line from 16 to 32 priced 16 requests' first
-# draft tokens at a fraction of the whole step to 32 rows they cost
+# the row counts where GEMM kernels change their blocking (a step's cost is a staircase there)
 TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
 # 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points

@@ -15,7 +15,7 @@ GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 @pytest.fixture(scope="module")
 def llm(tiny_models):
     return LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
-               spec=SpecConfig(policy="fixed:3"), num_kv_blocks=64, block_size=4)
+               spec=SpecConfig(policy="fixed:3"), num_kv_blocks=64, block_size=4, dtype="float32")
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -69,7 +69,7 @@ def test_one_bad_request_does_not_take_down_the_batch(llm, hf_greedy):
 def test_draft_with_another_vocabulary_is_refused(tiny_models, tmp_path):
     other = make_checkpoint(tmp_path / "other", "draft", vocab_size=50)
     with pytest.raises(ValueError, match="vocabulary"):
-        LLM(str(tiny_models["gqa_tied"]), draft_model=str(other), num_kv_blocks=16)
+        LLM(str(tiny_models["gqa_tied"]), draft_model=str(other), num_kv_blocks=16, dtype="float32")
 
 
 def test_unsupported_architecture_is_refused(tiny_models, tmp_path):
@@ -80,4 +80,4 @@ def test_unsupported_architecture_is_refused(tiny_models, tmp_path):
     config["architectures"] = ["GPT2LMHeadModel"]
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported architecture"):
-        LLM(str(bad), num_kv_blocks=16)
+        LLM(str(bad), num_kv_blocks=16, dtype="float32")

@@ -47,7 +47,7 @@ def make_feature_draft(target: Path, out: Path, prompts, max_tokens: int, epochs
 
     hf = AutoModelForCausalLM.from_pretrained(target).eval()
     layers = (1, hf.config.num_hidden_layers)
-    plain = LLM(str(target), num_kv_blocks=96, block_size=4)
+    plain = LLM(str(target), num_kv_blocks=96, block_size=4, dtype="float32")
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     records = [{"prompt_ids": p, "response_ids": o.token_ids}
                for p, o in zip(prompts, plain.generate(prompts, params), strict=True)]
@@ -70,7 +70,7 @@ def feature_pair(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def plain_greedy(feature_pair) -> list[list[int]]:
-    llm = LLM(str(feature_pair[0]), num_kv_blocks=96, block_size=4)
+    llm = LLM(str(feature_pair[0]), num_kv_blocks=96, block_size=4, dtype="float32")
     return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
 
 
@@ -78,7 +78,7 @@ def run(pair, policy: str, **kwargs) -> tuple[LLM, list[list[int]]]:
     target, draft = pair
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(
         policy=policy, frontier_size=kwargs.pop("frontier_size", None)),
-        num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs)
+        num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs, dtype="float32")
     llm.engine.speculator._cost_model = roofline()  # so that faser speculates on tiny models
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks  # nothing leaked
@@ -101,7 +101,7 @@ def test_it_reads_the_targets_features(feature_pair, monkeypatch):
     def acceptance() -> float:
         target, draft = feature_pair
         llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:1"),
-                  num_kv_blocks=96, block_size=4)
+                  num_kv_blocks=96, block_size=4, dtype="float32")
         llm.generate(TRAIN_PROMPTS[:6], GREEDY)
         assert llm.engine.target.feature_layers == (1, 2)
         assert llm.engine.speculator.overlap is None  # its next guess needs the target's features
@@ -128,7 +128,8 @@ def test_sampling_keeps_the_target_distribution(tmp_path_factory):
     prompts = [PROMPT + [a] for a in range(VOCAB)]
     draft = make_feature_draft(target, root / "d", prompts, 4, epochs=5)
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
-              num_kv_blocks=4096, block_size=4, max_num_seqs=128, max_num_batched_tokens=1024)
+              num_kv_blocks=4096, block_size=4, max_num_seqs=128, max_num_batched_tokens=1024,
+              dtype="float32")
     params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
               for i in range(1200)]
     outputs = llm.generate([PROMPT] * 1200, params)
@@ -142,7 +143,7 @@ def test_requests_that_never_speculate_keep_no_features(feature_pair, plain_gree
     target's rows are kept for a request that will never draft."""
     target, draft = feature_pair
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
-              num_kv_blocks=96, block_size=4)
+              num_kv_blocks=96, block_size=4, dtype="float32")
     engine = llm.engine
     for i, prompt in enumerate(PROMPTS[:2]):
         engine.add_request(f"r{i}", prompt, GREEDY, spec={"policy": "off"} if i == 0 else None)

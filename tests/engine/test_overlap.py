@@ -27,7 +27,8 @@ GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
 def overlapped(target, draft, policy, frontier=None, spec_fields=None, **kwargs) -> LLM:
     spec = SpecConfig(policy=policy, frontier_size=frontier, **(spec_fields or {}))
     llm = LLM(str(target), draft_model=str(draft), spec=spec, lane_threads=(1, 1),
-              num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs)
+              num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs,
+              dtype="float32")
     llm.engine.speculator.force_overlap = True
     return llm
 
@@ -50,7 +51,7 @@ def test_faser_overlaps_at_low_load_and_stays_lossless(tiny_models, hf_greedy):
     is a fixed memory-bound one (a measured one would follow whatever else loads the machine)."""
     llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
               spec=SpecConfig(policy="faser"), lane_threads=(1, 1), num_kv_blocks=96,
-              block_size=4)
+              block_size=4, dtype="float32")
     llm.engine.speculator._cost_model = roofline()
     outputs = llm.generate(PROMPTS[:1], GREEDY)
     assert outputs[0].token_ids == hf_greedy("gqa_tied", PROMPTS[0], MAX_TOKENS)
@@ -145,7 +146,7 @@ def test_the_measured_profile_times_each_model_on_its_lane(tiny_models, tmp_path
     llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
               spec=SpecConfig(policy="faser", profile_cache_dir=str(tmp_path)),
               lane_threads=(1, 1), num_kv_blocks=96, block_size=4, max_num_batched_tokens=16,
-              max_num_seqs=4)
+              max_num_seqs=4, dtype="float32")
     cost = llm.engine.speculator.cost_model
     assert cost.lane_scales is not None and min(cost.lane_scales) > 0
     assert "lanes=(1, 1)" in cost.key

@@ -86,7 +86,7 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, poli
     llm = LLM(str(target), draft_model=str(draft),
               spec=SpecConfig(policy=policy, frontier_size=frontier),
               num_kv_blocks=4096, block_size=4, max_num_seqs=max_num_seqs,
-              max_num_batched_tokens=1024)
+              max_num_batched_tokens=1024, dtype="float32")
     # a memory-bound profile, so that faser speculates on models this small
     llm.engine.speculator._cost_model = roofline()
     params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
@@ -109,7 +109,7 @@ def test_chi_square_detects_a_wrong_distribution():
 def test_same_seed_same_output(small_vocab_pair):
     target, draft = small_vocab_pair
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
-              num_kv_blocks=256, block_size=4)
+              num_kv_blocks=256, block_size=4, dtype="float32")
     params = SamplingParams(max_tokens=12, seed=7, ignore_eos=True, **PARAMS)
     first = llm.generate([PROMPT, [4, 5]], params)
     again = llm.generate([[4, 5], PROMPT], params)  # other batch order, same seeds

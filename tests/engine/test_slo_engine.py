@@ -19,7 +19,7 @@ def engine(models, tmp_path=None, policy="faser"):
     llm = LLM(
         str(models["gqa_tied"]), draft_model=str(models["gqa_tied_draft"]),
         spec=SpecConfig(policy=policy, trace_path=trace, profile_cache_dir=_cache(tmp_path)),
-        num_kv_blocks=96, block_size=4, num_threads=1,
+        num_kv_blocks=96, block_size=4, num_threads=1, dtype="float32",
     )
     # a GPU-shaped profile, so that faser speculates (on these tiny CPU models it would not)
     llm.engine.speculator._cost_model = roofline()

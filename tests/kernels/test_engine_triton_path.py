@@ -45,7 +45,7 @@ def _generate(target: Path, draft: Path, kernels: str, policy: str, frontier: in
 
     os.environ["FASER_KERNELS"] = kernels
     llm = LLM(str(target), draft_model=str(draft), num_kv_blocks=48, block_size=4,
-              spec=SpecConfig(policy=policy, frontier_size=frontier))
+              spec=SpecConfig(policy=policy, frontier_size=frontier), dtype="float32")
     outputs = llm.generate(PROMPTS, params)
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
     return [o.token_ids for o in outputs]

@@ -1,5 +1,5 @@
-"""Weight layouts: the same values in another layout give the same outputs, for every row count
-(the "mkl" layout pads a batch up to the row count its weights were packed for)."""
+"""Weight layouts: "packed" gives torch's products to rounding and the same bits for a row
+however many rows share the call; "auto" picks it only where its kernel runs."""
 
 from __future__ import annotations
 
@@ -8,75 +8,57 @@ import torch
 from torch import nn
 
 from faser.runner.weights import (
-    MKL_ROW_BUCKETS,
-    MKLPackedLinear,
-    cgroup_headroom,
+    RowInvariantLinear,
     pack_weights,
+    packed_reason,
     resolve_weight_format,
 )
 
-needs_mkl = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch without MKL")
+DTYPES = ["float32", "bfloat16"]
 
 
-@needs_mkl
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 9, 16, 31, 32, 33])
-def test_mkl_packed_linear_equals_the_dense_product(rows):
-    torch.manual_seed(rows)
-    linear = nn.Linear(64, 40, bias=False)
-    packed = MKLPackedLinear(linear)
-    x = torch.randn(rows, 64)
-    out = packed(x)
-    assert out.shape == (rows, 40)
-    torch.testing.assert_close(out, linear(x), rtol=1e-5, atol=1e-5)
+def needs_packed(dtype: str):
+    reason = packed_reason("cpu", dtype)
+    return pytest.mark.skipif(reason is not None, reason=f"no packed layout: {reason}")
 
 
-@needs_mkl
-def test_padding_rows_do_not_change_the_real_rows():
-    torch.manual_seed(0)
-    packed = MKLPackedLinear(nn.Linear(32, 16, bias=False))
-    x = torch.randn(5, 32)  # padded to 8
-    padded = torch.cat([x, torch.randn(3, 32)])  # the same 8 rows with other padding
-    assert torch.equal(packed(x), packed(padded)[:5])
-
-
-@needs_mkl
-def test_mkl_keeps_a_tied_head_tied_and_leaves_biased_projections_dense():
-    model = _TinyModel(bias=True)
-    embed = model.embed_tokens.weight
-    pack_weights(model, "mkl", "cpu")
-    assert isinstance(model.lm_head, MKLPackedLinear)
-    assert model.lm_head.weight is embed  # no copy of the tied embedding
-    assert isinstance(model.layers[0].self_attn.qkv_proj, nn.Linear)  # has a bias
-    assert isinstance(model.layers[0].mlp.down_proj, MKLPackedLinear)
-    assert model.lm_head.buckets == MKL_ROW_BUCKETS
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_packing_replaces_every_projection_and_the_head(dtype):
+    if (reason := packed_reason("cpu", dtype)) is not None:
+        pytest.skip(reason)
+    model = _TinyModel(bias=True).to(getattr(torch, dtype))
+    x = torch.randn(7, 16, dtype=model.embed_tokens.weight.dtype)
+    expected = model.layers[0].self_attn.qkv_proj(x).float()
+    pack_weights(model, "packed", "cpu")
+    qkv = model.layers[0].self_attn.qkv_proj
+    assert isinstance(qkv, RowInvariantLinear) and isinstance(model.lm_head, RowInvariantLinear)
+    assert model.lm_head.out_features == 50
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+    torch.testing.assert_close(qkv(x).float(), expected, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize(
     ("requested", "device", "dtype", "expected"),
     [
-        ("auto", "cpu", "float32", "tuned" if torch.backends.mkl.is_available() else "dense"),
-        ("auto", "cpu", "bfloat16", "dense"),
         ("auto", "cuda", "float32", "dense"),
+        ("auto", "cuda", "bfloat16", "dense"),
         ("dense", "cpu", "float32", "dense"),
-        ("mkldnn", "cpu", "float32", "mkldnn"),
+        ("packed", "cpu", "bfloat16", "packed"),
     ],
 )
-def test_auto_picks_tuned_only_for_float32_on_a_cpu(requested, device, dtype, expected):
+def test_explicit_layouts_stay_and_auto_is_dense_off_the_cpu(requested, device, dtype, expected):
     assert resolve_weight_format(requested, device, dtype) == expected
 
 
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_a_containers_memory_limit_bounds_the_free_memory(tmp_path, version):
-    folder = tmp_path if version == "v2" else tmp_path / "memory"
-    folder.mkdir(exist_ok=True)
-    limit, usage = ("memory.max", "memory.current") if version == "v2" else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes")
-    (folder / limit).write_text(f"{8 * 2**30}\n")
-    (folder / usage).write_text(f"{3 * 2**30}\n")
-    assert cgroup_headroom(tmp_path) == 5 * 2**30
-    (folder / limit).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")
-    assert cgroup_headroom(tmp_path) is None
-    assert cgroup_headroom(tmp_path / "absent") is None
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_auto_is_packed_exactly_where_the_kernel_runs(dtype):
+    expected = "packed" if packed_reason("cpu", dtype) is None else "dense"
+    assert resolve_weight_format("auto", "cpu", dtype) == expected
+
+
+def test_the_half_precision_kernel_does_not_exist():
+    assert packed_reason("cpu", "float16") is not None
+    assert packed_reason("cuda", "float32") is not None
 
 
 def test_pack_weights_wants_a_decided_layout():
@@ -85,14 +67,8 @@ def test_pack_weights_wants_a_decided_layout():
 
 
 def test_an_unknown_format_is_named():
-    with pytest.raises(ValueError, match="'packed'"):
-        resolve_weight_format("packed", "cpu", "float32")
-
-
-def test_mkl_refuses_half_precision_weights():
-    model = _TinyModel(bias=False).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="float32"):
-        pack_weights(model, "mkl", "cpu")
+    with pytest.raises(ValueError, match="'tuned'"):
+        resolve_weight_format("tuned", "cpu", "float32")
 
 
 class _Attention(nn.Module):

@@ -28,7 +28,7 @@ def test_command_line_strings_become_typed_arguments():
         ({"num_replicas": "many"}, "num_replicas"),
         ({"policy": "magic"}, "policy"),
         ({"device": "tpu"}, "device"),
-        ({"weight_format": "packed"}, "weight_format"),
+        ({"weight_format": "tuned"}, "weight_format"),
         ({"max_k": 99}, "max_k"),
         ({"draft_model": "/d"}, "draft_model"),
         ({"modle": "/m"}, "modle"),
