@@ -38,7 +38,8 @@ class ModelRunner:
             len(model.layers), num_blocks, block_size, model.num_kv_heads, model.head_dim,
             dtype, device,
         )
-        self.attention_backend = attention_backend(device, dtype, model.head_dim)
+        group = model.layers[0].self_attn.num_heads // model.num_kv_heads
+        self.attention_backend = attention_backend(device, dtype, model.head_dim, group)
         self.num_positions_computed = 0  # tokens this model has run over, for pruning figures
         # the target of a feature draft: the layers whose output the draft reads (see
         # LlamaForCausalLM.forward_features); forwards then also return those features

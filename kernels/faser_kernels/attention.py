@@ -197,7 +197,8 @@ def paged_attention(
     scale: float,
     gather: KVGather | None = None,  # used by the twin only; the kernels need no plan
 ) -> torch.Tensor:
-    backend = attention_backend(query.device, query.dtype, query.shape[-1])
+    group = query.shape[1] // key_cache.shape[2]
+    backend = attention_backend(query.device, query.dtype, query.shape[-1], group)
     if backend == "triton":
         from faser_kernels.triton_attention import paged_attention_triton
 

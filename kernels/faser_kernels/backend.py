@@ -20,18 +20,21 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda
 
 
-def attention_backend(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> str:
-    """"triton", "cpu" (cpu_attention.c) or "torch" (the twin) for queries of this kind."""
+def attention_backend(
+    device: torch.device | str, dtype: torch.dtype, head_dim: int, group: int
+) -> str:
+    """"triton", "cpu" (cpu_attention.c) or "torch" (the twin) for queries of this kind (`group`
+    query heads per kv head)."""
     forced = os.environ.get("FASER_KERNELS", "auto")
     if forced in ("torch", "triton"):
         return forced
     if torch.device(device).type == "cuda":
         return "triton"
-    return "cpu" if _cpu_attention_runs(dtype, head_dim) else "torch"
+    return "cpu" if _cpu_attention_runs(dtype, head_dim, group) else "torch"
 
 
 @functools.cache
-def _cpu_attention_runs(dtype: torch.dtype, head_dim: int) -> bool:
+def _cpu_attention_runs(dtype: torch.dtype, head_dim: int, group: int) -> bool:
     from faser_kernels.cpu_attention import unavailable_reason
 
-    return unavailable_reason(dtype, head_dim) is None
+    return unavailable_reason(dtype, head_dim, group) is None

@@ -15,13 +15,17 @@ import torch
 
 from faser_kernels import cpu_build
 
-MAX_HEAD_DIM = 256  # MAX_CHUNKS * 16 in cpu_attention.c
+MAX_HEAD_DIM = 128  # MAX_CHUNKS * 16 in cpu_attention.c
+MAX_GROUP = 8  # query heads per kv head (MAX_GROUP)
 
 
-def unavailable_reason(dtype: torch.dtype, head_dim: int) -> str | None:
-    """None where the kernel runs for this dtype and head size on this CPU; else why not."""
+def unavailable_reason(dtype: torch.dtype, head_dim: int, group: int = 1) -> str | None:
+    """None where the kernel runs for this dtype, head size and number of query heads per kv
+    head on this CPU; else why not."""
     if head_dim > MAX_HEAD_DIM:
         return f"head_dim {head_dim} > {MAX_HEAD_DIM}"
+    if group > MAX_GROUP:
+        return f"{group} query heads per kv head > {MAX_GROUP}"
     return cpu_build.unavailable_reason("cpu_attention.c", dtype)
 
 

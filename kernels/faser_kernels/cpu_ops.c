@@ -1,0 +1,125 @@
+/* The row-local ops of a decoder layer, fused for x86 CPUs with AVX-512: residual add + RMSNorm,
+ * rotary embedding, SiLU(gate) * up. Each row is computed on its own, in fp32, with reductions
+ * in a fixed order, so a row gets the same bits whatever else shares the call; bf16 rows are
+ * rounded once per output (round to nearest even). One call each replaces the handful of torch
+ * ops (and their dispatch) that each of these takes.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+static inline __mmask16 tail_mask(long left) {
+    return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+}
+
+static inline __m512 load16(const void *row, long i, long n, int bf16) {
+    __mmask16 m = tail_mask(n - i);
+    if (bf16) {
+        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+}
+
+static inline void store16(void *row, long i, long n, __m512 v, int bf16) {
+    __mmask16 m = tail_mask(n - i);
+    if (bf16)
+        _mm256_mask_storeu_epi16((uint16_t *)row + i, m, (__m256i)_mm512_cvtneps_pbh(v));
+    else
+        _mm512_mask_storeu_ps((float *)row + i, m, v);
+}
+
+/* As the dtype rounds it: bf16 values are kept at bf16 precision between the steps that torch's
+ * reference does in bf16 (the residual stream is stored in the model's dtype). */
+static inline __m512 round_to(__m512 v, int bf16) {
+    if (!bf16) return v;
+    __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline char *row_at(void *base, long row, long stride, int bf16) {
+    return (char *)base + row * stride * (bf16 ? 2 : 4);
+}
+
+/* residual_out = x + residual (when residual is given; else x), out = RMSNorm(residual_out) * w.
+ * All [m, d] contiguous; weight [d] in the same dtype. */
+void faser_add_rms_norm(const void *x, const void *residual, const void *weight, void *out,
+                        void *residual_out, long m, long d, float eps, int bf16) {
+#pragma omp parallel for schedule(static) if (m > 1)
+    for (long r = 0; r < m; r++) {
+        const void *xr = row_at((void *)x, r, d, bf16);
+        void *hr = residual ? row_at(residual_out, r, d, bf16) : (void *)xr;
+        __m512 sq = _mm512_setzero_ps();
+        for (long i = 0; i < d; i += 16) {
+            __m512 h = load16(xr, i, d, bf16);
+            if (residual) {
+                h = round_to(_mm512_add_ps(h, load16(row_at((void *)residual, r, d, bf16), i, d,
+                                                     bf16)), bf16);
+                store16(hr, i, d, h, bf16);
+            }
+            sq = _mm512_fmadd_ps(h, h, sq);
+        }
+        float scale = 1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)d + eps);
+        __m512 s = _mm512_set1_ps(scale);
+        for (long i = 0; i < d; i += 16) {
+            __m512 normed = round_to(_mm512_mul_ps(load16(hr, i, d, bf16), s), bf16);
+            store16(row_at(out, r, d, bf16), i, d,
+                    _mm512_mul_ps(normed, load16(weight, i, d, bf16)), bf16);
+        }
+    }
+}
+
+/* In place on x [n, heads, head_dim] (rows `row_stride` elements apart): the "rotate half"
+ * rotary embedding of Llama checkpoints, cos/sin [max_position, head_dim / 2] fp32. */
+void faser_rotary(void *x, const int64_t *positions, const float *cos_table,
+                  const float *sin_table, long n, long heads, long head_dim, long row_stride,
+                  int bf16) {
+    long half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (long t = 0; t < n; t++) {
+        const float *c = cos_table + positions[t] * half, *s = sin_table + positions[t] * half;
+        for (long h = 0; h < heads; h++) {
+            char *head = row_at(x, t, row_stride, bf16) + h * head_dim * (bf16 ? 2 : 4);
+            char *second = head + half * (bf16 ? 2 : 4);
+            for (long i = 0; i < half; i += 16) {
+                __m512 x1 = load16(head, i, half, bf16), x2 = load16(second, i, half, bf16);
+                __m512 cv = load16(c, i, half, 0), sv = load16(s, i, half, 0);
+                store16(head, i, half, _mm512_fmsub_ps(x1, cv, _mm512_mul_ps(x2, sv)), bf16);
+                store16(second, i, half, _mm512_fmadd_ps(x2, cv, _mm512_mul_ps(x1, sv)), bf16);
+            }
+        }
+    }
+}
+
+static inline __m512 exp512(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* out [m, inter] = silu(gate) * up, from gate_up [m, 2 * inter] (gate first). */
+void faser_silu_mul(const void *gate_up, void *out, long m, long inter, int bf16) {
+#pragma omp parallel for schedule(static) if (m > 1)
+    for (long r = 0; r < m; r++) {
+        const char *g = row_at((void *)gate_up, r, 2 * inter, bf16);
+        const char *u = g + inter * (bf16 ? 2 : 4);
+        for (long i = 0; i < inter; i += 16) {
+            __m512 gv = load16(g, i, inter, bf16);
+            __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                                          exp512(_mm512_sub_ps(
+                                                              _mm512_setzero_ps(), gv))));
+            store16(row_at(out, r, inter, bf16), i, inter,
+                    _mm512_mul_ps(round_to(silu, bf16), load16(u, i, inter, bf16)), bf16);
+        }
+    }
+}
