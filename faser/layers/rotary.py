@@ -6,8 +6,12 @@ shared by all layers and indexed once per forward."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+from faser_kernels import cpu_ops
 
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
@@ -39,6 +43,13 @@ class RotaryEmbedding(nn.Module):
         if not self.cos.is_meta:
             self.reset_tables()
 
+    def _apply(self, fn, recurse=True):
+        """The tables stay float32 when the model moves to another dtype: the rotation is
+        computed in float32 and rounded once."""
+        super()._apply(fn, recurse)
+        self.cos, self.sin = self.cos.float(), self.sin.float()
+        return self
+
     @torch.no_grad()
     def reset_tables(self) -> None:
         """(Re)computes the tables: after a model was built on the meta device and materialised."""
@@ -48,17 +59,23 @@ class RotaryEmbedding(nn.Module):
         self.cos.copy_(freqs.cos() * scaling)
         self.sin.copy_(freqs.sin() * scaling)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # 2 x [num_tokens, 1, head_dim / 2], broadcast over heads
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+    def forward(self, positions: torch.Tensor) -> Rope:  # positions: [num_tokens] int64
+        return Rope(positions, self.cos, self.sin)
+
+
+@dataclass(frozen=True, slots=True)
+class Rope:
+    """The positions of a forward's tokens and the tables they index, shared by all layers."""
+
+    positions: torch.Tensor  # [num_tokens] int64
+    cos: torch.Tensor  # [max_position, head_dim / 2] float32
+    sin: torch.Tensor
 
 
 def apply_rotary(
-    x: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    cos: torch.Tensor,  # [num_tokens, 1, head_dim / 2]
-    sin: torch.Tensor,
-) -> torch.Tensor:
-    # the "rotate half" layout of Hugging Face Llama checkpoints
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x: torch.Tensor,  # [num_tokens, num_heads, head_dim], each row's heads contiguous
+    rope: Rope,
+) -> torch.Tensor:  # x, rotated in place
+    if cpu_ops.runs_on(x):
+        return cpu_ops.rotary_(x, rope.positions, rope.cos, rope.sin)
+    return cpu_ops.rotary_torch_(x, rope.positions, rope.cos, rope.sin)

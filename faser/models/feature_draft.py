@@ -61,7 +61,4 @@ class FeatureDraft(LlamaForCausalLM):
         if features.shape[-1] != embeds.shape[-1]:  # the target's, several layers: fuse them
             features = self.fuse(features)
         hidden = self.fc(torch.cat((embeds, features), dim=-1))
-        rope = self.rotary(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(rope, hidden, kv_cache, meta)
-        return self.norm(hidden)
+        return self.run_layers(hidden, positions, kv_caches, meta)[0]

@@ -8,12 +8,12 @@ matrix products as possible (a batch-1 step on a CPU is bound by reading weights
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from faser.layers.attention import AttentionMetadata, PagedAttention
 from faser.layers.norm import RMSNorm, rms_scale
-from faser.layers.rotary import RotaryEmbedding, apply_rotary
+from faser.layers.rotary import Rope, RotaryEmbedding, apply_rotary
+from faser_kernels import cpu_ops
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -37,7 +37,7 @@ class LlamaAttention(nn.Module):
 
     def forward(
         self,
-        rope: tuple[torch.Tensor, torch.Tensor],  # cos, sin: [num_tokens, 1, head_dim / 2]
+        rope: Rope,
         hidden: torch.Tensor,  # [num_tokens, hidden]
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
@@ -48,7 +48,7 @@ class LlamaAttention(nn.Module):
         v = qkv[:, self.q_size + self.kv_size :].reshape(n, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
-        qk = apply_rotary(qk, *rope)  # queries and keys rotated in one pass
+        qk = apply_rotary(qk, rope)  # queries and keys rotated in one pass, in place
         out = self.attn(qk[:, :heads], qk[:, heads:], v, kv_cache, meta)
         return self.o_proj(out.reshape(n, self.q_size))
 
@@ -61,8 +61,10 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [num_tokens, hidden]
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        act = cpu_ops.silu_mul(gate_up) if cpu_ops.runs_on(gate_up) else \
+            cpu_ops.silu_mul_torch(gate_up)
+        return self.down_proj(act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -73,9 +75,19 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, rope, hidden, kv_cache, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(rope, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(
+        self,
+        rope: Rope,
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the last layer's output
+        residual: torch.Tensor | None,  # [num_tokens, hidden]: the stream before it; None first
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # this layer's output, the stream before it
+        """The residual stream is hidden + residual, added inside the norm that reads it."""
+        normed, residual = self.input_layernorm.add_norm(hidden, residual)
+        hidden = self.self_attn(rope, normed, kv_cache, meta)
+        normed, residual = self.post_attention_layernorm.add_norm(hidden, residual)
+        return self.mlp(normed), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -124,14 +136,25 @@ class LlamaForCausalLM(nn.Module):
         in `feature_layers` (Hugging Face's hidden_states numbering: i is after layer i, and
         num_layers is the final, normed output), RMS-scaled and concatenated:
         [num_tokens, len(feature_layers) * hidden]; None when no layer is asked for."""
-        hidden = self.embed_tokens(input_ids)
+        return self.run_layers(self.embed_tokens(input_ids), positions, kv_caches, meta,
+                               feature_layers)
+
+    def run_layers(
+        self,
+        hidden: torch.Tensor,  # [num_tokens, hidden]: the input embeddings
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: KVCaches,
+        meta: AttentionMetadata,
+        feature_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rope = self.rotary(positions)
         taken: dict[int, torch.Tensor] = {}
+        residual = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            hidden = layer(rope, hidden, kv_cache, meta)
+            hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
             if i + 1 in feature_layers and i + 1 < len(self.layers):
-                taken[i + 1] = rms_scale(hidden)
-        out = self.norm(hidden)
+                taken[i + 1] = rms_scale(hidden + residual)
+        out, _ = self.norm.add_norm(hidden, residual)
         if not feature_layers:
             return out, None
         taken[len(self.layers)] = out

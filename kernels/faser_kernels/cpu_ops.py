@@ -1,0 +1,104 @@
+"""The row-local ops of a decoder layer fused on x86 CPUs with AVX-512 (cpu_ops.c), each beside
+its PyTorch twin with the same signature: residual add + RMSNorm, rotary embedding in place,
+SiLU(gate) * up. A row gets the same bits whatever else shares the call; one call replaces the
+handful of torch ops, and their dispatch, that each takes."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from faser_kernels import cpu_build
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """The fused kernels take x: a CPU tensor of a dtype they have, on a CPU they run on."""
+    return x.device.type == "cpu" and _runs(x.dtype)
+
+
+@functools.cache
+def _runs(dtype: torch.dtype) -> bool:
+    return cpu_build.unavailable_reason("cpu_ops.c", dtype) is None
+
+
+def add_rms_norm(
+    x: torch.Tensor,  # [m, d]
+    residual: torch.Tensor | None,  # [m, d] or None
+    weight: torch.Tensor,  # [d], x's dtype
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:  # RMSNorm(h) * weight and h = x + residual (or x)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else x
+    _library().faser_add_rms_norm(
+        x.data_ptr(), None if residual is None else residual.contiguous().data_ptr(),
+        weight.data_ptr(), out.data_ptr(), summed.data_ptr(), x.shape[0], x.shape[1], eps,
+        _is_bf16(x),
+    )
+    return out, summed
+
+
+def add_rms_norm_torch(x, residual, weight, eps):
+    summed = x if residual is None else x + residual
+    h = summed.float()
+    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normed, summed
+
+
+def rotary_(
+    x: torch.Tensor,  # [n, heads, head_dim], heads and head_dim contiguous; rotated in place
+    positions: torch.Tensor,  # [n] int64
+    cos: torch.Tensor,  # [max_position, head_dim / 2] float32
+    sin: torch.Tensor,
+) -> torch.Tensor:
+    if x.stride(2) != 1 or x.stride(1) != x.shape[2]:
+        raise ValueError("rotary_ needs each row's heads contiguous")
+    n, heads, head_dim = x.shape
+    _library().faser_rotary(
+        x.data_ptr(), positions.contiguous().data_ptr(), cos.data_ptr(), sin.data_ptr(), n,
+        heads, head_dim, x.stride(0), _is_bf16(x),
+    )
+    return x
+
+
+def rotary_torch_(x, positions, cos, sin):
+    """The "rotate half" layout of Hugging Face Llama checkpoints, in fp32, rounded once."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+    return x
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [m, 2 * inter] -> [m, inter]
+    gate_up = gate_up.contiguous()
+    m, width = gate_up.shape
+    out = gate_up.new_empty(m, width // 2)
+    _library().faser_silu_mul(gate_up.data_ptr(), out.data_ptr(), m, width // 2,
+                              _is_bf16(gate_up))
+    return out
+
+
+def silu_mul_torch(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def _is_bf16(x: torch.Tensor) -> int:
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"cpu_ops takes bfloat16 or float32, got {x.dtype}")
+    return int(x.dtype == torch.bfloat16)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = cpu_build.library("cpu_ops.c")
+    ptr, long, i32, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
+    lib.faser_add_rms_norm.argtypes = [ptr] * 5 + [long, long, f32, i32]
+    lib.faser_rotary.argtypes = [ptr] * 4 + [long] * 4 + [i32]
+    lib.faser_silu_mul.argtypes = [ptr, ptr, long, long, i32]
+    for fn in (lib.faser_add_rms_norm, lib.faser_rotary, lib.faser_silu_mul):
+        fn.restype = None
+    return lib
