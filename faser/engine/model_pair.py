@@ -46,7 +46,11 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     max_len = config.max_model_len or int(getattr(hf_config, "max_position_embeddings", 4096))
     # rotary tables must also cover draft and verify positions past the last committed token
     max_position = max_len + max_k + 2
-    target = load_model(target_dir, config.device, config.dtype, max_position)
+    # a bf16 target's head rescores its leading candidates in float32 (only where memory is
+    # plentiful: the float32 copy of the head is the size of the vocabulary's embedding)
+    float32_head = config.dtype == "bfloat16" and config.device == "cpu"
+    target = load_model(target_dir, config.device, config.dtype, max_position,
+                        float32_head=float32_head)
     draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")

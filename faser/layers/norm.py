@@ -28,9 +28,11 @@ class RMSNorm(nn.Module):
     def add_norm(
         self,
         x: torch.Tensor,  # [num_tokens, dim]
-        residual: torch.Tensor | None,  # [num_tokens, dim]: the residual stream, None at first
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # the normed x + residual, and x + residual
-        """The residual add fused with the norm that reads it (one kernel on a CPU)."""
+        residual: torch.Tensor | None,  # [num_tokens, dim] float32: the stream; None at first
+        out_dtype: torch.dtype | None = None,  # of the normed output; None: x's
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the normed x + residual, and x + residual (fp32)
+        """The residual add fused with the norm that reads it (one kernel on a CPU). The stream
+        stays float32 whatever the model's dtype: rounded at every layer, its error builds up."""
         if cpu_ops.runs_on(x):
-            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps)
-        return cpu_ops.add_rms_norm_torch(x, residual, self.weight, self.eps)
+            return cpu_ops.add_rms_norm(x, residual, self.weight, self.eps, out_dtype)
+        return cpu_ops.add_rms_norm_torch(x, residual, self.weight, self.eps, out_dtype)

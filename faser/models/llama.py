@@ -16,6 +16,7 @@ from faser.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from faser_kernels import cpu_ops
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+RESCORED = 8  # leading candidates a row's bf16 head logits are recomputed for in float32
 
 
 class LlamaAttention(nn.Module):
@@ -79,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         self,
         rope: Rope,
         hidden: torch.Tensor,  # [num_tokens, hidden]: the last layer's output
-        residual: torch.Tensor | None,  # [num_tokens, hidden]: the stream before it; None first
+        residual: torch.Tensor | None,  # [num_tokens, hidden] fp32: the stream; None first
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # this layer's output, the stream before it
@@ -106,6 +107,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, output_vocab_size, bias=False)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.head_float32: torch.Tensor | None = None  # [out vocab, hidden]: keep_float32_head
 
     @property
     def num_kv_heads(self) -> int:
@@ -121,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [num_tokens]
         kv_caches: KVCaches,
         meta: AttentionMetadata,
-    ) -> torch.Tensor:  # [num_tokens, hidden], after the final norm
+    ) -> torch.Tensor:  # [num_tokens, hidden] float32, after the final norm
         return self.forward_features(input_ids, positions, kv_caches, meta, ())[0]
 
     def forward_features(
@@ -153,12 +155,28 @@ class LlamaForCausalLM(nn.Module):
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
             if i + 1 in feature_layers and i + 1 < len(self.layers):
-                taken[i + 1] = rms_scale(hidden + residual)
-        out, _ = self.norm.add_norm(hidden, residual)
+                taken[i + 1] = rms_scale(hidden + residual).to(hidden.dtype)
+        out, _ = self.norm.add_norm(hidden, residual, torch.float32)
         if not feature_layers:
             return out, None
-        taken[len(self.layers)] = out
+        taken[len(self.layers)] = out.to(hidden.dtype)
         return out, torch.cat([taken[i] for i in feature_layers], dim=-1)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, out vocab]
-        return self.lm_head(hidden).float()
+    def keep_float32_head(self, weight: torch.Tensor) -> None:  # [out vocab, hidden] float32
+        """Rescore the head's leading candidates in float32 (see compute_logits): for a target in
+        bf16, whose bf16 head flips near-tied argmaxes that float32 would not."""
+        self.head_float32 = weight
+
+    def compute_logits(
+        self, hidden: torch.Tensor  # [n, hidden] float32, the final norm's output
+    ) -> torch.Tensor:  # [n, out vocab] float32
+        """The head in the model's dtype; with keep_float32_head, its RESCORED leading logits of
+        each row are recomputed in float32, each from that row alone (row-invariant), so the
+        argmax and the likeliest tokens are float32's at a few dot products a row."""
+        logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()
+        if self.head_float32 is None:
+            return logits
+        top = logits.topk(RESCORED, dim=-1).indices  # [n, RESCORED]
+        exact = (self.head_float32[top] * hidden.float()[:, None, :]).sum(-1)
+        return logits.scatter_(1, top, exact)
+

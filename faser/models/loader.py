@@ -47,9 +47,11 @@ def load_model(
     dtype: str,
     max_position: int,
     target_embedding: nn.Embedding | None = None,
+    float32_head: bool = False,
 ) -> nn.Module:
     """target_embedding: the target's input embedding (on `device`, in `dtype`), lent to a draft
-    whose config sets faser_tie_embedding_to_target; ignored for any other model."""
+    whose config sets faser_tie_embedding_to_target; ignored for any other model. float32_head:
+    keep the head's checkpoint values in float32 too (LlamaForCausalLM.keep_float32_head)."""
     cfg = load_hf_config(path)
     model_cls = model_class(cfg)
     with torch.device("meta"):
@@ -63,7 +65,10 @@ def load_model(
     _load_weights(model, Path(path))
     if model.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
+    head = model.lm_head.weight.detach().float().clone() if float32_head else None
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
+    if head is not None:
+        model.keep_float32_head(head.to(device))
     if borrowed is not None:
         model.embed_tokens = borrowed
     return model

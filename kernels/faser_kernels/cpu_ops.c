@@ -29,8 +29,8 @@ static inline void store16(void *row, long i, long n, __m512 v, int bf16) {
         _mm512_mask_storeu_ps((float *)row + i, m, v);
 }
 
-/* As the dtype rounds it: bf16 values are kept at bf16 precision between the steps that torch's
- * reference does in bf16 (the residual stream is stored in the model's dtype). */
+/* As the dtype rounds it: the normed row is rounded to bf16 before its weight, as torch's
+ * reference does. */
 static inline __m512 round_to(__m512 v, int bf16) {
     if (!bf16) return v;
     __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
@@ -41,30 +41,29 @@ static inline char *row_at(void *base, long row, long stride, int bf16) {
     return (char *)base + row * stride * (bf16 ? 2 : 4);
 }
 
-/* residual_out = x + residual (when residual is given; else x), out = RMSNorm(residual_out) * w.
- * All [m, d] contiguous; weight [d] in the same dtype. */
-void faser_add_rms_norm(const void *x, const void *residual, const void *weight, void *out,
-                        void *residual_out, long m, long d, float eps, int bf16) {
+/* residual_out = x + residual (residual None: x), out = RMSNorm(residual_out) * w. The residual
+ * stream is float32 whatever the model's dtype (a bf16 stream rounds at every layer, and the
+ * rounding builds up over depth); x and weight are in the model's dtype, out in bf16 or float32
+ * (out_bf16); all [m, d]. */
+void faser_add_rms_norm(const void *x, const float *residual, const void *weight, void *out,
+                        float *residual_out, long m, long d, float eps, int bf16, int out_bf16) {
 #pragma omp parallel for schedule(static) if (m > 1)
     for (long r = 0; r < m; r++) {
         const void *xr = row_at((void *)x, r, d, bf16);
-        void *hr = residual ? row_at(residual_out, r, d, bf16) : (void *)xr;
+        float *hr = residual_out + r * d;
         __m512 sq = _mm512_setzero_ps();
         for (long i = 0; i < d; i += 16) {
             __m512 h = load16(xr, i, d, bf16);
-            if (residual) {
-                h = round_to(_mm512_add_ps(h, load16(row_at((void *)residual, r, d, bf16), i, d,
-                                                     bf16)), bf16);
-                store16(hr, i, d, h, bf16);
-            }
+            if (residual) h = _mm512_add_ps(h, load16(residual + r * d, i, d, 0));
+            store16(hr, i, d, h, 0);
             sq = _mm512_fmadd_ps(h, h, sq);
         }
         float scale = 1.0f / sqrtf(_mm512_reduce_add_ps(sq) / (float)d + eps);
         __m512 s = _mm512_set1_ps(scale);
         for (long i = 0; i < d; i += 16) {
-            __m512 normed = round_to(_mm512_mul_ps(load16(hr, i, d, bf16), s), bf16);
-            store16(row_at(out, r, d, bf16), i, d,
-                    _mm512_mul_ps(normed, load16(weight, i, d, bf16)), bf16);
+            __m512 normed = round_to(_mm512_mul_ps(load16(hr, i, d, 0), s), out_bf16);
+            store16(row_at(out, r, d, out_bf16), i, d,
+                    _mm512_mul_ps(normed, load16(weight, i, d, bf16)), out_bf16);
         }
     }
 }

@@ -25,27 +25,30 @@ def _runs(dtype: torch.dtype) -> bool:
 
 
 def add_rms_norm(
-    x: torch.Tensor,  # [m, d]
-    residual: torch.Tensor | None,  # [m, d] or None
+    x: torch.Tensor,  # [m, d], the model's dtype
+    residual: torch.Tensor | None,  # [m, d] float32: the residual stream; None at the first layer
     weight: torch.Tensor,  # [d], x's dtype
     eps: float,
-) -> tuple[torch.Tensor, torch.Tensor]:  # RMSNorm(h) * weight and h = x + residual (or x)
+    out_dtype: torch.dtype | None = None,  # None: x's
+) -> tuple[torch.Tensor, torch.Tensor]:  # RMSNorm(h) * weight, h = x + residual
+    """The residual stream h is kept in float32 whatever the model's dtype: rounded to bf16 at
+    every layer, its error builds up over depth."""
     x = x.contiguous()
-    out = torch.empty_like(x)
-    summed = torch.empty_like(x) if residual is not None else x
+    out = torch.empty(x.shape, dtype=out_dtype or x.dtype)
+    summed = torch.empty(x.shape, dtype=torch.float32)
     _library().faser_add_rms_norm(
         x.data_ptr(), None if residual is None else residual.contiguous().data_ptr(),
         weight.data_ptr(), out.data_ptr(), summed.data_ptr(), x.shape[0], x.shape[1], eps,
-        _is_bf16(x),
+        _is_bf16(x), _is_bf16(out),
     )
     return out, summed
 
 
-def add_rms_norm_torch(x, residual, weight, eps):
-    summed = x if residual is None else x + residual
-    h = summed.float()
-    normed = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return weight * normed, summed
+def add_rms_norm_torch(x, residual, weight, eps, out_dtype=None):
+    summed = x.float() if residual is None else x.float() + residual
+    out_dtype = out_dtype or x.dtype
+    normed = (summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + eps)).to(out_dtype)
+    return (weight.to(out_dtype) * normed).to(out_dtype), summed
 
 
 def rotary_(
@@ -96,7 +99,7 @@ def _is_bf16(x: torch.Tensor) -> int:
 def _library() -> ctypes.CDLL:
     lib = cpu_build.library("cpu_ops.c")
     ptr, long, i32, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
-    lib.faser_add_rms_norm.argtypes = [ptr] * 5 + [long, long, f32, i32]
+    lib.faser_add_rms_norm.argtypes = [ptr] * 5 + [long, long, f32, i32, i32]
     lib.faser_rotary.argtypes = [ptr] * 4 + [long] * 4 + [i32]
     lib.faser_silu_mul.argtypes = [ptr, ptr, long, long, i32]
     for fn in (lib.faser_add_rms_norm, lib.faser_rotary, lib.faser_silu_mul):

@@ -60,3 +60,21 @@ def test_the_engine_warns_where_speculation_is_not_exact_by_construction(tiny_mo
         LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
             weight_format="dense", num_kv_blocks=16, block_size=4)
     assert "not row-invariant" in caplog.text
+
+
+def test_a_bf16_target_rescores_its_leading_logits_in_float32(tiny_models):
+    """The bf16 head picks the candidates; their logits are the checkpoint's float32 products."""
+    import torch
+
+    from faser.models.llama import RESCORED
+
+    path = str(tiny_models["gqa_tied"])
+    target = LLM(path, dtype="bfloat16", num_kv_blocks=16, block_size=4).engine.pair.target
+    reference = LLM(path, dtype="float32", num_kv_blocks=16, block_size=4).engine.pair.target
+    assert target.head_float32.dtype == torch.float32
+    assert reference.head_float32 is None  # a float32 model needs no rescoring
+    hidden = torch.randn(5, target.config.hidden_size)
+    logits = target.compute_logits(hidden)
+    top = logits.topk(RESCORED, dim=-1).indices
+    exact = hidden @ reference.embed_tokens.weight.T
+    torch.testing.assert_close(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
