@@ -33,6 +33,7 @@ from deployments.openai_schemas import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    RefusedField,
     SpeculationReport,
     Usage,
 )
@@ -61,6 +62,9 @@ def error_response(
 
 def validation_error_response(exc: ValidationError) -> JSONResponse:
     first = exc.errors(include_url=False)[0]
+    refused = first.get("ctx", {}).get("error")
+    if isinstance(refused, RefusedField):
+        return error_response(400, str(refused), "invalid_request_error", refused.param)
     param = ".".join(str(part) for part in first["loc"]) or None
     message = f"{param}: {first['msg']}" if param else first["msg"]
     return error_response(400, message, "invalid_request_error", param)
@@ -148,6 +152,7 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
     common = dict(
         temperature=request.temperature,
         top_p=request.top_p,
+        top_k=max(request.top_k, 0),
         seed=request.seed,
         stop=request.stop_strings(),
         ignore_eos=request.ignore_eos,

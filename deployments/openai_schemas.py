@@ -1,8 +1,11 @@
 """OpenAI-compatible request and response bodies (pydantic, at the HTTP edge).
 
 Requests are parsed in strict mode from the raw JSON bytes, so a wrongly-typed field (a string
-where a number goes, a bool where an integer goes) is a 400, never silently coerced. Unknown
-fields are ignored, as OpenAI's clients send fields this server has no use for.
+where a number goes, a bool where an integer goes) is a 400, never silently coerced. A request
+never quietly gets something else than it asked for: fields that change nothing here (`user`,
+`metadata`, ...) are ignored, fields this server does not implement are accepted only at the value
+that turns them off (clients send `presence_penalty: 0` by default), and any other field is a 400
+that names it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from faser.config import POLICIES, parse_policy
 
 MAX_STOP_STRINGS = 4
+# fields that change no output: ignored
+IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
+                            "stream_options", "safety_identifier", "prompt_cache_key"})
+# fields not implemented here, and the values that mean "off"
+OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1), "min_p": (None, 0), "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0), "prompt_logprobs": (None, 0), "echo": (None, False),
+    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
+    "tool_choice": (None, "none"), "function_call": (None, "none"), "best_of": (None, 1),
+    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "min_tokens": (None, 0),
+    "stop_token_ids": (None, []), "modalities": (None, ["text"]),
+}
+
+
+class RefusedField(ValueError):
+    """A field this server will not take; `param` names it in the 400."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(f"{param}: {message}")
+        self.param = param
 
 
 class _Request(BaseModel):
@@ -55,10 +79,14 @@ class StreamOptions(_Request):
 
 
 class _SamplingRequest(_Request):
+    """The fields of a completion or chat request this server implements; any other field is
+    ignored when harmless and refused otherwise (`_no_silent_fields`)."""
+
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=-1)  # vLLM's extension; -1 or 0: no top-k
     n: int = Field(default=1, ge=1, le=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -67,6 +95,20 @@ class _SamplingRequest(_Request):
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
     slo: SloOptions | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_silent_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if name in cls.model_fields or name in IGNORED_FIELDS:
+                continue
+            if name not in OFF_VALUES:
+                raise RefusedField(name, "unrecognized field")
+            if value not in OFF_VALUES[name]:
+                raise RefusedField(name, "not supported by this server (leave it unset)")
+        return data
 
     @field_validator("stop")
     @classmethod

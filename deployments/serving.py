@@ -28,6 +28,7 @@ class GenerateRequest:
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -140,6 +141,7 @@ class OpenAIServing:
             max_tokens=max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,
+            top_k=request.top_k,
             seed=request.seed,
             stop=request.stop,
             ignore_eos=request.ignore_eos,

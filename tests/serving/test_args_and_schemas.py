@@ -5,8 +5,9 @@ import json
 import pytest
 from pydantic import ValidationError
 
+from deployments.api import to_generate_request
 from deployments.args import AppArgs
-from deployments.openai_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.openai_schemas import ChatCompletionRequest, CompletionRequest, RefusedField
 from faser.engine.async_engine import TextDeltas
 
 
@@ -69,7 +70,7 @@ def test_chat_request_renders_text_parts_and_prefers_max_completion_tokens():
     request = ChatCompletionRequest.model_validate_json(
         b'{"model": "m", "max_tokens": 9, "max_completion_tokens": 4, "messages": '
         b'[{"role": "user", "content": [{"type": "text", "text": "a"}, '
-        b'{"type": "text", "text": "b"}]}], "stop": "x", "unknown_field": 1}'
+        b'{"type": "text", "text": "b"}]}], "stop": "x", "user": "u1"}'
     )
     assert request.conversation() == [{"role": "user", "content": "ab"}]
     assert request.max_new_tokens == 4 and request.stop_strings() == ("x",)
@@ -103,3 +104,41 @@ def test_bad_policy_with_k_is_rejected(speculation):
     body = {"model": "m", "prompt": "hi", "speculation": speculation}
     with pytest.raises(ValidationError, match="policy|max_k"):
         CompletionRequest.model_validate_json(json.dumps(body))
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"user": "u1", "metadata": {"a": "b"}, "store": False},  # change nothing: ignored
+        {"presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False, "n": 1},  # off
+        {"tools": [], "response_format": {"type": "text"}, "logit_bias": {}},
+    ],
+)
+def test_harmless_and_switched_off_fields_are_accepted(extra):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    ChatCompletionRequest.model_validate_json(json.dumps(body))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("presence_penalty", 0.5), ("frequency_penalty", 1), ("repetition_penalty", 1.2),
+        ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50": 10}),
+        ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
+        ("min_p", 0.1), ("max_tokns", 5),
+    ],
+)
+def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], field: value}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate_json(json.dumps(body))
+    refused = info.value.errors()[0]["ctx"]["error"]
+    assert isinstance(refused, RefusedField) and refused.param == field
+
+
+def test_top_k_is_taken_and_minus_one_means_none():
+    body = {"model": "m", "prompt": "hi", "top_k": 5}
+    assert CompletionRequest.model_validate_json(json.dumps(body)).top_k == 5
+    assert to_generate_request(
+        CompletionRequest.model_validate_json(json.dumps({**body, "top_k": -1}))
+    ).top_k == 0

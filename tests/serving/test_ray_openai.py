@@ -234,3 +234,28 @@ def test_burst_past_the_queue_gets_503s_and_every_accepted_request_completes(bas
         assert r.headers.get("retry-after") == "3", (r.text, r.headers)
         assert r.json()["error"]["code"] == "queue_full"
     wait_all_blocks_free()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("logit_bias", {"5": 10}), ("presence_penalty", 0.7), ("logprobs", True),
+     ("response_format", {"type": "json_object"})],
+)
+def test_a_field_that_would_change_the_output_is_a_400_naming_it(client, field, value):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            **{field: value},
+        )
+    assert info.value.body["param"] == field
+
+
+def test_switched_off_fields_and_top_k_are_served(client):
+    """As LangChain's ChatOpenAI sends a request: penalties at 0, n = 1, a user id; top_k = 1
+    leaves one candidate, so even a sampled request gives the greedy answer."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=6,
+                  n=1, presence_penalty=0, frequency_penalty=0, user="someone")
+    greedy = client.chat.completions.create(temperature=0, **kwargs)
+    top1 = client.chat.completions.create(temperature=1.0, seed=3, extra_body={"top_k": 1},
+                                          **kwargs)
+    assert top1.choices[0].message.content == greedy.choices[0].message.content
