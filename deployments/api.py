@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
+from importlib import metadata
 from typing import Protocol
 
 from fastapi import FastAPI, Request
@@ -29,18 +30,27 @@ from deployments.openai_schemas import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
     ErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
     RefusedField,
     SpeculationReport,
+    TokenizeRequest,
     Usage,
 )
 from deployments.serving import GenerateRequest, RequestError, StreamEvent, StreamStart
 from faser.engine.async_engine import StreamDelta
 
 logger = logging.getLogger(__name__)
+VERSION = metadata.version("faser-serve")
+# what a client is told when the engine fails under its request: a stable type and code, no
+# internals (those go to the logs)
+ENGINE_FAILED = ErrorInfo(
+    message="the server failed while serving this request; it was not completed, retry it",
+    type="internal_error", code="engine_failed",
+)
 
 
 class QueueFull(Exception):
@@ -49,6 +59,10 @@ class QueueFull(Exception):
 
 class EngineClient(Protocol):
     async def model_name(self) -> str: ...
+
+    async def tokenize(self, request: GenerateRequest) -> dict | RequestError: ...
+
+    async def detokenize(self, ids: list[int]) -> dict | RequestError: ...
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]: ...
 
@@ -90,10 +104,22 @@ def build_openai_app(client: EngineClient, retry_after_s: int = 1) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await handler.handle(await request.body(), ChatCompletionRequest)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        return await handler.tokens(await request.body(), TokenizeRequest)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        return await handler.tokens(await request.body(), DetokenizeRequest)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": VERSION}
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error")
-        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
+        logger.exception("unhandled error")  # the details (Ray's, the engine's) go to the logs
+        return JSONResponse(ErrorResponse(error=ENGINE_FAILED).model_dump(), status_code=500)
 
     return app
 
@@ -108,12 +134,9 @@ class _Handler:
             request = schema.model_validate_json(body)
         except ValidationError as exc:
             return validation_error_response(exc)
+        if (missing := await self._unknown_model(request.model)) is not None:
+            return missing
         served = await self.client.model_name()
-        if request.model != served:
-            return error_response(
-                404, f"the model `{request.model}` does not exist; this server serves "
-                f"`{served}`", "invalid_request_error", "model", "model_not_found",
-            )
         events = self.client.stream(to_generate_request(request))
         try:
             first = await anext(events)
@@ -133,6 +156,35 @@ class _Handler:
         finally:
             await events.aclose()
         return JSONResponse(body, headers={"x-faser-replica": first.replica})
+
+    async def tokens(self, body: bytes, schema: type[BaseModel]) -> JSONResponse:
+        """/tokenize and /detokenize: answered by an engine replica, which holds the tokenizer."""
+        try:
+            request = schema.model_validate_json(body)
+        except ValidationError as exc:
+            return validation_error_response(exc)
+        if (missing := await self._unknown_model(request.model)) is not None:
+            return missing
+        if isinstance(request, DetokenizeRequest):
+            result = await self.client.detokenize(request.tokens)
+        elif request.messages is not None:
+            chat = tuple({"role": m.role, "content": m.text()} for m in request.messages)
+            result = await self.client.tokenize(GenerateRequest("chat", messages=chat))
+        else:
+            prompt = GenerateRequest("completion", prompt=request.prompt)
+            result = await self.client.tokenize(prompt)
+        if isinstance(result, RequestError):
+            return error_response(result.status, result.message, result.type, result.param)
+        return JSONResponse(result)
+
+    async def _unknown_model(self, model: str) -> JSONResponse | None:
+        served = await self.client.model_name()
+        if model == served:
+            return None
+        return error_response(
+            404, f"the model `{model}` does not exist; this server serves `{served}`",
+            "invalid_request_error", "model", "model_not_found",
+        )
 
     def _queue_full(self) -> JSONResponse:
         response = error_response(
@@ -237,9 +289,9 @@ class _Formatter:
                     yield _sse(self._chunk(event))
             if last is not None and self.request.include_usage:
                 yield _sse(self._usage_chunk(last))
-        except Exception as exc:  # mid-stream failure: the status line has gone already
+        except Exception:  # mid-stream failure: the status line has gone already
             logger.exception("stream failed")
-            yield _sse({"error": {"message": str(exc), "type": "internal_error"}})
+            yield _sse(ErrorResponse(error=ENGINE_FAILED).model_dump())
         finally:
             await events.aclose()
         yield "data: [DONE]\n\n"

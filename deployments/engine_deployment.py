@@ -16,7 +16,7 @@ from ray import serve
 from deployments.args import AppArgs
 from deployments.metrics import ReplicaMetrics
 from deployments.routing_policy import load_from_stats, replica_score
-from deployments.serving import GenerateRequest, OpenAIServing, StreamEvent
+from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
 from faser.engine.async_engine import AsyncLLMEngine
 
 
@@ -49,6 +49,12 @@ class FaserEngine:
 
     async def model_name(self) -> str:
         return self.served_model_name
+
+    async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
+        return self.serving.tokenize(request)
+
+    async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
+        return self.serving.detokenize(ids)
 
     async def generate(
         self, request: GenerateRequest, cluster_load: float | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
@@ -13,7 +14,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.api import QueueFull, build_openai_app
 from deployments.router import CLUSTER_LOAD_KWARG
-from deployments.serving import GenerateRequest, OpenAIServing, StreamEvent
+from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
 
 
 class RayEngineClient:
@@ -27,6 +28,12 @@ class RayEngineClient:
         if self._model_name is None:
             self._model_name = await self.handle.model_name.remote()
         return self._model_name
+
+    async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
+        return await self.handle.tokenize.remote(request)
+
+    async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
+        return await self.handle.detokenize.remote(ids)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         kwargs = {CLUSTER_LOAD_KWARG: None}
@@ -54,6 +61,12 @@ class LocalEngineClient:
 
     async def model_name(self) -> str:
         return self._model_name
+
+    async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
+        return self.serving.tokenize(request)
+
+    async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
+        return self.serving.detokenize(ids)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         return self.serving.stream(request)

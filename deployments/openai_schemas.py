@@ -174,6 +174,26 @@ class ChatCompletionRequest(_SamplingRequest):
         return self.max_completion_tokens or self.max_tokens
 
 
+class TokenizeRequest(_Request):
+    """vLLM's /tokenize: a completion prompt or a chat conversation (rendered with the chat
+    template and the generation prompt, as /v1/chat/completions renders it)."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class DetokenizeRequest(_Request):
+    model: str
+    tokens: list[int]
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int

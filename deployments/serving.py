@@ -106,6 +106,23 @@ class OpenAIServing:
         finally:
             await outputs.aclose()  # aborts the request if the consumer left early
 
+    def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
+        """The token ids the engine would see for this prompt or conversation (vLLM's shape)."""
+        try:
+            ids = self._render(request)
+        except BadRequest as exc:
+            return RequestError(400, str(exc), exc.param)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
+
+    def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
+        if self.tokenizer is None:
+            return RequestError(400, "this model has no tokenizer", "tokens")
+        try:
+            self._check_ids(ids, "tokens")
+        except BadRequest as exc:
+            return RequestError(400, str(exc), exc.param)
+        return {"prompt": self.tokenizer.decode(ids)}
+
     def _delta(self, output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
         delta = to_delta(output, deltas)
         if delta.finished:
@@ -164,9 +181,9 @@ class OpenAIServing:
         )
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def _check_ids(self, ids: list[int]) -> list[int]:
+    def _check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
         vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
         for token_id in ids:
             if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-                raise BadRequest(f"token id {token_id} lies outside the vocabulary", "prompt")
+                raise BadRequest(f"token id {token_id} lies outside the vocabulary", param)
         return ids

@@ -259,3 +259,26 @@ def test_switched_off_fields_and_top_k_are_served(client):
     top1 = client.chat.completions.create(temperature=1.0, seed=3, extra_body={"top_k": 1},
                                           **kwargs)
     assert top1.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_tokenize_detokenize_and_version_in_vllms_shapes(base_url, client, tokenizer):
+    prompt = "hello world"
+    tokens = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": prompt}).json()
+    assert tokens["tokens"] == tokenizer.encode(prompt, add_special_tokens=False)
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == MAX_MODEL_LEN
+    text = httpx.post(f"{base_url}/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]})
+    assert text.json() == {"prompt": prompt}
+    messages = [{"role": "user", "content": "hello"}]
+    chat = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "messages": messages}).json()
+    usage = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage
+    assert chat["count"] == usage.prompt_tokens  # what the chat endpoint itself renders
+    assert httpx.get(f"{base_url}/version").json()["version"]
+
+
+def test_tokenize_errors_name_what_is_wrong(base_url):
+    bad_id = httpx.post(f"{base_url}/detokenize", json={"model": MODEL, "tokens": [10**9]})
+    assert bad_id.status_code == 400 and bad_id.json()["error"]["param"] == "tokens"
+    both = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": "a", "messages": []})
+    assert both.status_code == 400
+    other = httpx.post(f"{base_url}/tokenize", json={"model": "nope", "prompt": "a"})
+    assert other.status_code == 404
