@@ -9,7 +9,7 @@
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
-#include <immintrin.h>
+#include "cpu_vec.h"
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -26,37 +26,6 @@ typedef struct {
     float scale;
     int bf16;
 } Attention;
-
-static inline __mmask16 tail_mask(long left) {
-    return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-}
-
-/* 16 elements from i of a row of the given dtype, as fp32 (zeros past n). */
-static inline __m512 load16(const void *row, long i, long n, int bf16) {
-    __mmask16 m = tail_mask(n - i);
-    if (bf16) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-}
-
-/* exp(x) for x <= 0: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p of degree 6. */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 static inline const void *at(const Attention *a, const void *base, long offset) {
     return a->bf16 ? (const void *)((const uint16_t *)base + offset)
@@ -127,15 +96,9 @@ static void attend(const Attention *a, long token, long seq, long kv_head, float
     for (long g = 0; g < group; g++) {
         __m512 inv = _mm512_set1_ps(inv_sum[g]);
         long q_off = (token * a->num_heads + head0 + g) * d;
-        for (long c = 0; c < chunks; c++) {
-            __m512 o = _mm512_mul_ps(acc[g][c], inv);
-            __mmask16 m = tail_mask(d - c * 16);
-            if (a->bf16)
-                _mm256_mask_storeu_epi16((uint16_t *)a->out + q_off + c * 16, m,
-                                         (__m256i)_mm512_cvtneps_pbh(o));
-            else
-                _mm512_mask_storeu_ps((float *)a->out + q_off + c * 16, m, o);
-        }
+        void *out_row = (void *)at(a, a->out, q_off);
+        for (long c = 0; c < chunks; c++)
+            store16(out_row, c * 16, d, _mm512_mul_ps(acc[g][c], inv), a->bf16);
     }
 }
 

@@ -60,8 +60,10 @@ def library(source: str) -> ctypes.CDLL:
 
 
 def _build(source: Path) -> Path:
-    """Built once per source text and flags; concurrent builders each leave a whole file."""
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    """Built once per source text (its headers included) and flags; concurrent builders each
+    leave a whole file."""
+    texts = [source.read_bytes(), *(h.read_bytes() for h in sorted(HERE.glob("*.h")))]
+    digest = hashlib.sha256(b"".join(texts) + " ".join(FLAGS).encode()).hexdigest()[:16]
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "faser") / "kernels"
     path = cache / f"{source.stem}-{digest}.so"
     if path.exists():

@@ -4,30 +4,9 @@
  * rounded once per output (round to nearest even). One call each replaces the handful of torch
  * ops (and their dispatch) that each of these takes.
  */
-#include <immintrin.h>
+#include "cpu_vec.h"
 #include <math.h>
 #include <stdint.h>
-
-static inline __mmask16 tail_mask(long left) {
-    return left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-}
-
-static inline __m512 load16(const void *row, long i, long n, int bf16) {
-    __mmask16 m = tail_mask(n - i);
-    if (bf16) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-}
-
-static inline void store16(void *row, long i, long n, __m512 v, int bf16) {
-    __mmask16 m = tail_mask(n - i);
-    if (bf16)
-        _mm256_mask_storeu_epi16((uint16_t *)row + i, m, (__m256i)_mm512_cvtneps_pbh(v));
-    else
-        _mm512_mask_storeu_ps((float *)row + i, m, v);
-}
 
 /* As the dtype rounds it: the normed row is rounded to bf16 before its weight, as torch's
  * reference does. */
@@ -88,22 +67,6 @@ void faser_rotary(void *x, const int64_t *positions, const float *cos_table,
             }
         }
     }
-}
-
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* out [m, inter] = silu(gate) * up, from gate_up [m, 2 * inter] (gate first). */
