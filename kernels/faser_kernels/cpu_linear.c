@@ -45,7 +45,7 @@ static inline void store_panel(const Linear *a, long row, long n0, __m512 lo, __
 
 /* Rows [m0, m0 + ROWS) of panel p; ROWS is a constant in every call, so acc lives in registers. */
 static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, long p, long m0,
-                                                             const int ROWS, int bf16_out) {
+                                                             const int ROWS) {
     __m512 acc[MAX_ROWS][2];
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const uint16_t *w = (const uint16_t *)a->w + p * a->k * PANEL;
@@ -60,11 +60,10 @@ static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, lo
         }
     }
     for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 1);
-    (void)bf16_out;
 }
 
 static inline __attribute__((always_inline)) void panel_f32(const Linear *a, long p, long m0,
-                                                            const int ROWS, int bf16_out) {
+                                                            const int ROWS) {
     __m512 acc[MAX_ROWS][2];
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const float *w = (const float *)a->w + p * a->k * PANEL;
@@ -79,23 +78,22 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
         }
     }
     for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 0);
-    (void)bf16_out;
 }
 
-#define DISPATCH(fn, a, p, m0, rows)                                                           \
-    switch (rows) {                                                                            \
-    case 1: fn(a, p, m0, 1, 0); break;                                                         \
-    case 2: fn(a, p, m0, 2, 0); break;                                                         \
-    case 3: fn(a, p, m0, 3, 0); break;                                                         \
-    case 4: fn(a, p, m0, 4, 0); break;                                                         \
-    case 5: fn(a, p, m0, 5, 0); break;                                                         \
-    case 6: fn(a, p, m0, 6, 0); break;                                                         \
-    case 7: fn(a, p, m0, 7, 0); break;                                                         \
-    case 8: fn(a, p, m0, 8, 0); break;                                                         \
-    case 9: fn(a, p, m0, 9, 0); break;                                                         \
-    case 10: fn(a, p, m0, 10, 0); break;                                                       \
-    case 11: fn(a, p, m0, 11, 0); break;                                                       \
-    default: fn(a, p, m0, 12, 0); break;                                                       \
+#define DISPATCH(fn, a, p, m0, rows)                                                               \
+    switch (rows) {                                                                                \
+    case 1: fn(a, p, m0, 1); break;                                                                \
+    case 2: fn(a, p, m0, 2); break;                                                                \
+    case 3: fn(a, p, m0, 3); break;                                                                \
+    case 4: fn(a, p, m0, 4); break;                                                                \
+    case 5: fn(a, p, m0, 5); break;                                                                \
+    case 6: fn(a, p, m0, 6); break;                                                                \
+    case 7: fn(a, p, m0, 7); break;                                                                \
+    case 8: fn(a, p, m0, 8); break;                                                                \
+    case 9: fn(a, p, m0, 9); break;                                                                \
+    case 10: fn(a, p, m0, 10); break;                                                              \
+    case 11: fn(a, p, m0, 11); break;                                                              \
+    default: fn(a, p, m0, 12); break;                                                              \
     }
 
 static void run(const Linear *a, int bf16) {

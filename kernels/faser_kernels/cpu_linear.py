@@ -40,10 +40,6 @@ def unavailable_reason(dtype: torch.dtype) -> str | None:
     return cpu_build.unavailable_reason("cpu_linear.c", dtype)
 
 
-def available(dtype: torch.dtype) -> bool:
-    return unavailable_reason(dtype) is None
-
-
 def pack_weight(weight: torch.Tensor) -> PackedWeight:  # [n, k] -> panels
     n, k = weight.shape
     if weight.dtype not in cpu_build.NEEDED_FLAGS:
