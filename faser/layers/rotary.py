@@ -6,6 +6,7 @@ shared by all layers and indexed once per forward."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -63,13 +64,18 @@ class RotaryEmbedding(nn.Module):
         return Rope(positions, self.cos, self.sin)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Rope:
     """The positions of a forward's tokens and the tables they index, shared by all layers."""
 
     positions: torch.Tensor  # [num_tokens] int64
     cos: torch.Tensor  # [max_position, head_dim / 2] float32
     sin: torch.Tensor
+
+    @functools.cached_property
+    def rows(self) -> tuple[torch.Tensor, torch.Tensor]:  # 2 x [num_tokens, 1, head_dim / 2]
+        """Each token's cos and sin, gathered once per forward for the PyTorch path."""
+        return self.cos[self.positions].unsqueeze(1), self.sin[self.positions].unsqueeze(1)
 
 
 def apply_rotary(
@@ -78,4 +84,4 @@ def apply_rotary(
 ) -> torch.Tensor:  # x, rotated in place
     if cpu_ops.runs_on(x):
         return cpu_ops.rotary_(x, rope.positions, rope.cos, rope.sin)
-    return cpu_ops.rotary_torch_(x, rope.positions, rope.cos, rope.sin)
+    return cpu_ops.rotate_half_(x, *rope.rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +16,10 @@ from faser_kernels import cpu_build
 
 
 def runs_on(x: torch.Tensor) -> bool:
-    """The fused kernels take x: a CPU tensor of a dtype they have, on a CPU they run on."""
-    return x.device.type == "cpu" and _runs(x.dtype)
+    """The fused kernels take x: a CPU tensor of a dtype they have, on a CPU they run on, unless
+    FASER_KERNELS forces another path (`torch`: the twins; `triton`: the Triton tests)."""
+    forced = os.environ.get("FASER_KERNELS", "auto") != "auto"
+    return not forced and x.device.type == "cpu" and _runs(x.dtype)
 
 
 @functools.cache
@@ -68,10 +71,17 @@ def rotary_(
 
 
 def rotary_torch_(x, positions, cos, sin):
+    return rotate_half_(x, cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+
+
+def rotate_half_(
+    x: torch.Tensor,  # [n, heads, head_dim], rotated in place
+    cos: torch.Tensor,  # [n, 1, head_dim / 2] float32: each token's row of the table
+    sin: torch.Tensor,
+) -> torch.Tensor:
     """The "rotate half" layout of Hugging Face Llama checkpoints, in fp32, rounded once."""
     x1, x2 = x.float().chunk(2, dim=-1)
-    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    x.copy_(torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1))
+    x.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
     return x
 
 
