@@ -53,7 +53,7 @@ def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
         max_num_batched_tokens=max(512, len(prompts)), dtype=args.dtype,
     )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    return [out.spec for out in llm.generate(prompts, params)]
+    return [out.spec_stats for out in llm.generate(prompts, params)]
 
 
 def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:

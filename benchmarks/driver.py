@@ -122,7 +122,7 @@ def _add(engine: LLMEngine, run: RunSpec, index: int, request: BenchRequest) -> 
         max_tokens=request.max_tokens, temperature=0.0, ignore_eos=run.ignore_eos
     )
     engine.add_request(
-        f"{run.label}-{index}", list(request.prompt_token_ids), params, spec=dict(run.spec),
+        f"{run.label}-{index}", list(request.prompt_token_ids), params, speculation=dict(run.spec),
         **(run.request_kwargs or {}),
     )
 

@@ -72,7 +72,7 @@ def peer_prompts(path: Path, tokenizer, num: int) -> list[list[int]]:
 
 def engine_run(llm: LLM, prompts, max_tokens: int, spec: dict | None = None) -> float:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    seconds = timed(lambda: llm.generate(prompts, params, spec=spec))
+    seconds = timed(lambda: llm.generate(prompts, params, speculation=spec))
     return len(prompts) * max_tokens / seconds
 
 

@@ -128,22 +128,22 @@ def engine_runs(llm: LLM, label: str, prompts: list[list[int]], concurrencies: l
         batch = prompts[:c]
         tokens_off: list[list[int]] | None = None
         for policy in policies:
-            llm.generate(batch, warm, spec={"policy": policy})
+            llm.generate(batch, warm, speculation={"policy": policy})
             start = time.perf_counter()
-            outputs = llm.generate(batch, params, spec={"policy": policy})
+            outputs = llm.generate(batch, params, speculation={"policy": policy})
             seconds = time.perf_counter() - start
             tokens = [o.token_ids for o in outputs]
             if policy == "off":
                 tokens_off = tokens
-            drafted = sum(o.spec.num_draft_tokens for o in outputs)
-            accepted = sum(o.spec.num_accepted_tokens for o in outputs)
+            drafted = sum(o.spec_stats.num_draft_tokens for o in outputs)
+            accepted = sum(o.spec_stats.num_accepted_tokens for o in outputs)
             rows.append({
                 "models": label, "concurrency": c, "policy": policy,
                 "seconds": seconds, "tokens_per_s": sum(map(len, tokens)) / seconds,
                 "ms_per_token": seconds / max_tokens * 1e3,
                 "acceptance_rate": accepted / drafted if drafted else None,
                 "mean_acceptance_length": statistics.mean(
-                    o.spec.mean_acceptance_length for o in outputs),
+                    o.spec_stats.mean_acceptance_length for o in outputs),
                 "draft_tokens": drafted,
                 "same_as_off": None if tokens_off is None else sum(
                     a == b for a, b in zip(tokens, tokens_off, strict=True)) / len(tokens),

@@ -60,9 +60,9 @@ def summarise(result: RunResult, slo: Slo) -> dict[str, float | int]:
     times = [request_times(o) for o in outs]
     latencies = [t.latency_s for t in times]
     num_output = sum(len(o.token_ids) for o in outs)
-    steps = sum(o.spec.num_steps for o in outs)
-    drafted = sum(o.spec.num_draft_tokens for o in outs)
-    accepted = sum(o.spec.num_accepted_tokens for o in outs)
+    steps = sum(o.spec_stats.num_steps for o in outs)
+    drafted = sum(o.spec_stats.num_draft_tokens for o in outs)
+    accepted = sum(o.spec_stats.num_accepted_tokens for o in outs)
     record: dict[str, float | int] = {
         "num_requests": len(outs),
         "num_output_tokens": num_output,
@@ -79,7 +79,7 @@ def summarise(result: RunResult, slo: Slo) -> dict[str, float | int]:
         "mean_k": drafted / steps if steps else 0.0,
         "num_draft_tokens": drafted,
         "num_accepted_tokens": accepted,
-        "num_pruned_positions": sum(o.spec.num_pruned_positions for o in outs),
+        "num_pruned_positions": sum(o.spec_stats.num_pruned_positions for o in outs),
         "target_positions_computed": result.target_positions_computed,
         "draft_positions_computed": result.draft_positions_computed,
     }

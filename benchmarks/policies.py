@@ -13,9 +13,9 @@ by `--time-scale` (a list gives one load level each), asking for GeneratedTokens
 loop runs unless `--concurrency` is also given.
 
 One engine serves every policy: the models load once and each request carries its policy
-(`add_request(..., spec={"policy", "max_k"})`). The engine keeps one policy object per name, so
-each faser variant has its own mode controller; its state carries over from one load level to the
-next (hysteresis settles within `patience` steps). Runs are interleaved by load level (every
+(`add_request(..., speculation={"policy", "max_k"})`). The engine keeps one policy object per
+name, so each faser variant has its own mode controller; its state carries over from one load level
+to the next. Runs are interleaved by load level (every
 policy at C = 1, then every policy at C = 4, ...) so that machine noise hits all alike, after one
 untimed warm-up request per policy (which also measures or loads the cost profile).
 """
@@ -190,9 +190,8 @@ def engine_slo_kwargs(engine: LLMEngine, slo: Slo) -> dict:
 def mode_steps(engine: LLMEngine, policy: str) -> dict[str, int]:
     """Steps the policy's mode controller has spent in each mode so far (faser family only)."""
     instance = engine.speculator._policies.get(policy)  # read only: never creates one
-    if instance is None or instance.controller is None:
-        return {}
-    return dict(instance.controller.steps_in_mode)
+    controller = getattr(instance, "controller", None)
+    return dict(controller.steps_in_mode) if controller is not None else {}
 
 
 def run_level(engine: LLMEngine, level: Level, run: RunSpec, bar: tqdm) -> RunResult:

@@ -224,7 +224,7 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
 
 
 def speculation_report(delta: StreamDelta, policy: str | None) -> SpeculationReport:
-    spec = delta.spec
+    spec = delta.spec_stats
     return SpeculationReport(
         policy=policy,
         mode=delta.mode,

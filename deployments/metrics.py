@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deployments.serving import StreamStart
+from faser.config import MODES
 from faser.engine.async_engine import StreamDelta
 from faser.outputs import SpecStats
-from faser.spec.controller import LEVELS
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ RAY_PREFIX = "ray_"  # Ray's Prometheus namespace for application metrics
 MAX_K = 16  # AppArgs.max_k's bound: one k bucket per value
 POLL_PERIOD_S = 1.0
 # the gauge's value: the controller's levels in rising load (overlap 0, prune 1, off 2)
-MODE_VALUES = {mode: float(i) for i, mode in enumerate(LEVELS)}
+MODE_VALUES = {mode: float(i) for i, mode in enumerate(MODES)}
 
 Kind = Literal["counter", "gauge", "histogram"]
 

@@ -19,17 +19,10 @@ class SpecConfig:
     # batch size -> k, as vLLM / TensorRT-LLM ship it: the first row whose batch size is >= the
     # number of running requests gives k.
     dsd_table: tuple[tuple[int, int], ...] = ((1, 5), (4, 4), (8, 3), (16, 2), (32, 1), (64, 0))
-    alpha_prior: float = 0.5  # global prior of per-token acceptance before a request has history
-    # weight of the newest step in the per-request acceptance EMA: at 0.3 three rejections in a
-    # row (27 % likely at alpha 0.35) pushed a request below what pays, and it stopped drafting
-    alpha_ema: float = 0.1
-    # per step without speculation, a request's estimate moves this far toward the policy's
-    # population estimate: a run of rejections must not switch a request off for good (with no
-    # drafts it would never be measured again)
-    alpha_recovery: float = 0.05
+    alpha_prior: float = 0.5  # per-token acceptance before any draft token was verified
     draft_stop_confidence: float = 0.05  # stop drafting a request when its cumulative q falls below
     # greedy requests also guess from earlier occurrences of their newest tokens
-    # (faser.spec.lookup), where the target copies
+    # (faser.spec_decode.lookup), where the target copies
     prompt_lookup: bool = True
     frontier_size: int | None = None  # None: chosen by the policy each step
     profile_cache_dir: str | None = None  # where the cost profile is cached (None: user cache)
@@ -41,10 +34,6 @@ class SpecConfig:
         object.__setattr__(self, "num_speculative_tokens", k)
         if not 0.0 < self.alpha_prior < 1.0:
             raise ValueError(f"alpha_prior must lie in (0, 1), got {self.alpha_prior}")
-        if not 0.0 < self.alpha_ema <= 1.0:
-            raise ValueError(f"alpha_ema must lie in (0, 1], got {self.alpha_ema}")
-        if not 0.0 <= self.alpha_recovery <= 1.0:
-            raise ValueError(f"alpha_recovery must lie in [0, 1], got {self.alpha_recovery}")
 
     @property
     def max_k(self) -> int:

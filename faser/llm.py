@@ -37,9 +37,9 @@ class LLM:
         prompts: str | list[int] | Sequence[str | list[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
-        spec: dict | None = None,
+        speculation: dict | None = None,
     ) -> list[RequestOutput]:
-        """`spec` overrides the engine's speculation for these requests:
+        """`speculation` overrides the engine's speculation for these requests:
         {"policy": "fixed", "max_k": 3}."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -51,7 +51,7 @@ class LLM:
         ids: list[str] = []
         try:
             for prompt, sp in zip(prompts, params, strict=True):
-                ids.append(self.engine.add_request(None, prompt, sp, spec=spec))
+                ids.append(self.engine.add_request(None, prompt, sp, speculation=speculation))
         except ValueError:
             for request_id in ids:  # all or nothing: a bad prompt leaves no request behind
                 self.engine.abort_request(request_id)

@@ -70,6 +70,6 @@ class RequestOutput:
     text: str
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None while running
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec_stats: SpecStats = field(default_factory=SpecStats)
     new_token_ids: list[int] = field(default_factory=list)  # committed in the latest step
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first_token, finished times

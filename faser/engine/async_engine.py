@@ -38,7 +38,7 @@ class StreamDelta:
     num_output_tokens: int
     finished: bool
     finish_reason: str | None
-    spec: SpecStats = field(default_factory=SpecStats)
+    spec_stats: SpecStats = field(default_factory=SpecStats)
     mode: str | None = None  # the engine's mode when the request finished
 
 
@@ -97,13 +97,13 @@ class AsyncLLMEngine:
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
-        spec: dict | None = None,
+        speculation: dict | None = None,
         slo: dict | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Adds the request (ValueError on bad input, raised before the first output) and yields
         its outputs until it finishes. Leaving the loop early aborts the request."""
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
-        await self._call(lambda: self._add(request_id, prompt, params, spec, slo, stream))
+        await self._call(lambda: self._add(request_id, prompt, params, speculation, slo, stream))
         finished = False
         try:
             while not finished:
@@ -156,10 +156,10 @@ class AsyncLLMEngine:
         self._commands.put(command)
         self._wakeup.set()
 
-    def _add(self, request_id, prompt, params, spec, slo, stream: _Stream) -> None:
+    def _add(self, request_id, prompt, params, speculation, slo, stream: _Stream) -> None:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already running")
-        self.engine.add_request(request_id, prompt, params, spec=spec, slo=slo)
+        self.engine.add_request(request_id, prompt, params, speculation=speculation, slo=slo)
         self._streams[request_id] = stream
 
     def _abort(self, request_id: str) -> None:
@@ -226,5 +226,5 @@ def to_delta(output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
         num_output_tokens=len(output.token_ids),
         finished=output.finished,
         finish_reason=output.finish_reason,
-        spec=output.spec,
+        spec_stats=output.spec_stats,
     )

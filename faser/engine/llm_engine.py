@@ -22,20 +22,19 @@ from faser.runner.model_runner import ModelRunner
 from faser.runner.precision import resolve_dtype
 from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
 from faser.sampling_params import SamplingParams
-from faser.spec.cost_model import (
+from faser.spec_decode.cost_model import (
     DRAFT_POINTS,
     TARGET_POINTS,
     CostProfile,
-    LaneTimers,
     checkpoint_fingerprint,
     load_or_profile,
     profile_key,
 )
-from faser.spec.plan import LoadView
-from faser.spec.slo import Slo, request_met
-from faser.spec.speculator import Speculator
-from faser.spec.state import SpecState
-from faser.spec.verifier import Verdict
+from faser.spec_decode.policy import LoadView, prices_steps
+from faser.spec_decode.slo import Slo, request_met
+from faser.spec_decode.speculator import Speculator
+from faser.spec_decode.state import SpecState
+from faser.spec_decode.verifier import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +66,9 @@ class LLMEngine:
             if draft.reads_features:  # every target forward also hands the draft its features
                 self.target.feature_layers = self.pair.draft.feature_layers
         self.scheduler = Scheduler(config, self.blocks)
-        profiler = (lambda: self._profile(draft)) if draft is not None else None
-        self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map, profiler)
+        self.draft = draft
+        self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map,
+                                     self.blocks)
         if draft is not None:
             self.speculator.use_lanes(make_lanes(config.device, config.lane_threads))
             if (reason := self._inexact_reason()) is not None:
@@ -95,47 +95,37 @@ class LLMEngine:
         slots = int(self.config.kv_cache_memory_gb * 2**30 / per_slot)
         return max(4, slots // self.config.block_size)
 
-    def _profile(self, draft: ModelRunner) -> CostProfile:
+    def _profile(self) -> CostProfile:
         """The step-cost profile, measured once per model pair, device, dtype and thread count and
-        cached on disk. Measured when a cost-aware policy is first needed, on blocks borrowed from
-        the pool so that no live request's cache is touched."""
+        cached on disk, on blocks borrowed from the pool so that no live request's cache is
+        touched."""
         config, pair = self.config, self.pair
-        overlap = self.speculator.overlap
-        lanes = overlap.lanes if overlap is not None else None
-        lane_threads = (lanes.target.num_threads, lanes.draft.num_threads) if lanes else None
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
-        key = profile_key(
-            models, config.device, config.dtype, config.num_threads, lane_threads,
-            pair.weight_format,
-        )
+        key = profile_key(models, config.device, config.dtype, config.num_threads,
+                          pair.weight_format)
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):
             raise RuntimeError("no free KV blocks to profile the step cost on")
-        target_timer, draft_timer = decode_timer(self.target, table), decode_timer(draft, table)
-        lane_timers = None
-        if lanes is not None:
-            lane_timers = LaneTimers(
-                lambda n: lanes.target.submit(target_timer, n).result(),
-                lambda n: lanes.draft.submit(draft_timer, n).result(),
-            )
         try:
             return load_or_profile(
                 key,
-                target_timer,
-                draft_timer,
+                decode_timer(self.target, table),
+                decode_timer(self.draft, table),
                 [n for n in TARGET_POINTS if n <= config.max_num_batched_tokens],
                 [n for n in DRAFT_POINTS if n <= config.max_num_seqs],
                 cache_dir=config.spec.profile_cache_dir,
-                lanes=lane_timers,
             )
         finally:
             self.blocks.free(table)
 
-    def prepare(self) -> None:
-        """What the engine's own policy needs before its first request: the cost profile of a
-        faser policy, measured here (about a minute on a slow 2-core CPU) rather than inside the
-        first request a server takes, which waited that long."""
-        self.speculator.prepare()
+    def prepare(self, policies: tuple[str, ...] = ()) -> None:
+        """The cost profile the faser policies plan with (the engine's own, or any of
+        `policies`), measured here (about a minute on a slow 2-core CPU, then cached) rather than
+        inside the first request that needs it."""
+        wanted = (self.config.spec.policy, *policies)
+        needed = any(name != "off" and prices_steps(name) for name in wanted)
+        if self.draft is not None and self.speculator.cost is None and needed:
+            self.speculator.use_cost_profile(self._profile())
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -144,15 +134,16 @@ class LLMEngine:
         request_id: str | None,
         prompt: str | list[int],
         params: SamplingParams,
-        spec: dict | None = None,
+        speculation: dict | None = None,
         slo: dict | None = None,
     ) -> str:
-        """`slo`: {"tpot_ms": ..., "ttft_ms": ...}, the targets SLO-aware speculation keeps to
-        (the faser policies) and the request's output reports as met or not."""
+        """`speculation`: {"policy": ..., "max_k": ...}, this request's own policy. `slo`:
+        {"tpot_ms": ..., "ttft_ms": ...}, the targets SLO-aware speculation keeps to (the faser
+        policies) and the request's output reports as met or not."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self._tokenize(prompt)
         self._check_lengths(prompt_ids, params)
-        state = self._spec_state(spec)
+        state = self._spec_state(speculation)
         state.slo = Slo.parse(slo)
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else torch.seed())
@@ -185,19 +176,20 @@ class LLMEngine:
                 f"exceeds max_model_len ({self.max_model_len})"
             )
 
-    def _spec_state(self, spec: dict | None) -> SpecState:
+    def _spec_state(self, speculation: dict | None) -> SpecState:
         base = self.config.spec
         policy, max_k = base.policy, base.num_speculative_tokens
-        if spec:
-            unknown = set(spec) - {"policy", "max_k"}
+        if speculation:
+            unknown = set(speculation) - {"policy", "max_k"}
             if unknown:
                 raise ValueError(f"speculation: unknown fields {sorted(unknown)}")
-            policy, max_k = parse_policy(spec.get("policy", policy), spec.get("max_k", max_k))
+            policy, max_k = parse_policy(speculation.get("policy", policy),
+                                         speculation.get("max_k", max_k))
         if policy != "off" and not self.speculator.has_draft:
-            if spec and spec.get("policy", "off") != "off":
+            if speculation and speculation.get("policy", "off") != "off":
                 raise ValueError("speculation.policy: this engine has no draft model")
             policy = "off"
-        return SpecState(alpha=self.speculator.starting_alpha(policy), policy=policy, max_k=max_k)
+        return SpecState(alpha=self.speculator.estimator.prior, policy=policy, max_k=max_k)
 
     def abort_request(self, request_id: str) -> bool:
         seq = self.scheduler.find(request_id)
@@ -215,13 +207,13 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         sched = self.scheduler.schedule()
+        if self.draft is not None and self.speculator.cost is None:  # a request's own policy
+            # may plan with the costs
+            self.prepare(tuple({s.spec_state.policy for s in sched.decodes}))
         verdicts, prefill_tokens = self.speculator.run(
-            sched.decodes, sched.prefills, self._load(sched), self._reserve
+            sched.decodes, sched.prefills, self._load(sched)
         )
         return self._commit(sched, verdicts, prefill_tokens)
-
-    def _reserve(self, seq: Sequence, num_slots: int) -> bool:
-        return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)
 
     def _commit(
         self, sched: SchedulerOutput, verdicts: list[Verdict], prefill_tokens: list[int | None]
@@ -241,9 +233,7 @@ class LLMEngine:
         new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
-        # roll back what the draft and target computed past the committed tokens
-        seq.num_cached = min(seq.num_cached, seq.num_tokens - 1)
-        seq.num_draft_cached = min(seq.num_draft_cached, seq.num_tokens - 1)
+        seq.roll_back_caches()
         self.blocks.truncate(seq.block_table, seq.num_tokens)
         if seq.finish_reason is not None:
             seq.finish_time = time.perf_counter()
@@ -270,7 +260,7 @@ class LLMEngine:
             text=seq.text,
             finished=seq.finish_reason is not None,
             finish_reason=seq.finish_reason,
-            spec=replace(seq.stats),
+            spec_stats=replace(seq.stats),
             new_token_ids=new_token_ids,
             metrics=_metrics(seq),
         )
@@ -284,7 +274,6 @@ class LLMEngine:
             num_prefill_tokens=sched.num_prefill_tokens,
             token_budget=sched.token_budget_left,
             kv_usage=self.blocks.usage,
-            cluster_load=self.speculator.cluster_load,
         )
 
     def load_stats(self) -> dict[str, float | int | str]:

@@ -87,7 +87,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
         self.blocks.free(seq.block_table)
-        seq.num_cached = seq.num_draft_cached = 0
+        seq.reset_caches()
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         if seq in out.decodes:

@@ -10,9 +10,9 @@ import torch
 
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
-from faser.spec.features import TargetFeatures
-from faser.spec.lookup import PromptLookup
-from faser.spec.state import SpecState
+from faser.spec_decode.features import TargetFeatures
+from faser.spec_decode.lookup import PromptLookup
+from faser.spec_decode.state import SpecState
 
 
 class SequenceStatus(Enum):
@@ -41,6 +41,16 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+
+    def roll_back_caches(self) -> None:
+        """After tokens are committed: what the target and the draft computed past them (rejected
+        drafts) is dropped; the newest committed token is fed again by the next step."""
+        self.num_cached = min(self.num_cached, self.num_tokens - 1)
+        self.num_draft_cached = min(self.num_draft_cached, self.num_tokens - 1)
+
+    def reset_caches(self) -> None:
+        """Preempted: its blocks are freed, so both caches start again from the prompt."""
+        self.num_cached = self.num_draft_cached = 0
 
     @property
     def token_ids(self) -> list[int]:

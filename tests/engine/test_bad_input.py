@@ -53,7 +53,7 @@ def test_max_tokens_past_the_context(llm):
 ])
 def test_bad_speculation_overrides(llm, spec, field):
     with pytest.raises(ValueError, match=field):
-        llm.engine.add_request(None, [1, 2, 3], GREEDY, spec=spec)
+        llm.engine.add_request(None, [1, 2, 3], GREEDY, speculation=spec)
 
 
 def test_one_bad_request_does_not_take_down_the_batch(llm, hf_greedy):

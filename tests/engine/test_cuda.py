@@ -59,7 +59,7 @@ def test_options_keep_greedy_output(tiny_models, hf_greedy, options):
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
     # plain decoding (every forward graphed once the prompts are in)
-    outputs = llm.generate(PROMPTS, GREEDY, spec={"policy": "off"})
+    outputs = llm.generate(PROMPTS, GREEDY, speculation={"policy": "off"})
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
 

@@ -17,7 +17,7 @@ from faser import LLM, SamplingParams, SpecConfig
 from faser.distill.feature_model import build_feature_draft, export_feature_draft
 from faser.distill.teacher import teacher_labels
 from faser.distill.train import TrainConfig, train_draft
-from faser.spec.features import TargetFeatures
+from faser.spec_decode.features import TargetFeatures
 from tests.engine.test_sampling_distribution import (
     PARAMS,
     PROMPT,
@@ -25,7 +25,7 @@ from tests.engine.test_sampling_distribution import (
     assert_marginals_match,
 )
 from tests.engine.tiny import make_checkpoint
-from tests.spec.spec_profiles import roofline
+from tests.spec_decode.spec_profiles import roofline
 
 MAX_TOKENS = 32
 GREEDY = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
@@ -79,7 +79,7 @@ def run(pair, policy: str, **kwargs) -> tuple[LLM, list[list[int]]]:
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(
         policy=policy, frontier_size=kwargs.pop("frontier_size", None)),
         num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs, dtype="float32")
-    llm.engine.speculator._cost_model = roofline()  # so that faser speculates on tiny models
+    llm.engine.speculator.use_cost_profile(roofline())  # so that faser speculates on tiny models
     outputs = llm.generate(PROMPTS, GREEDY)
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks  # nothing leaked
     return llm, [o.token_ids for o in outputs]
@@ -146,7 +146,8 @@ def test_requests_that_never_speculate_keep_no_features(feature_pair, plain_gree
               num_kv_blocks=96, block_size=4, dtype="float32")
     engine = llm.engine
     for i, prompt in enumerate(PROMPTS[:2]):
-        engine.add_request(f"r{i}", prompt, GREEDY, spec={"policy": "off"} if i == 0 else None)
+        override = {"policy": "off"} if i == 0 else None
+        engine.add_request(f"r{i}", prompt, GREEDY, speculation=override)
     kept = {"r0": 0, "r1": 0}
     outputs: dict[str, list[int]] = {}
     while engine.has_unfinished_requests():

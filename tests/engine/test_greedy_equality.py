@@ -41,26 +41,26 @@ def test_speculation_accepts_some_and_rejects_some(tiny_models):
     llm, outputs = run(tiny_models, "gqa_tied", "fixed:4")
     stats = llm.engine.stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
-    assert all(1.0 < o.spec.mean_acceptance_length < 5.0 for o in outputs)
+    assert all(1.0 < o.spec_stats.mean_acceptance_length < 5.0 for o in outputs)
 
 
 def test_a_new_request_starts_from_the_policys_observed_acceptance(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "fixed:4")
     before = llm.engine.config.spec.alpha_prior
-    observed = llm.engine.speculator.policy("fixed").population_alpha
+    observed = llm.engine.speculator.estimator.prior
     assert observed != pytest.approx(before)  # the tiny draft is no coin flip
     llm.engine.add_request("late", PROMPTS[0], GREEDY)
     late = llm.engine.scheduler.find("late")
     assert late.spec_state.alpha == pytest.approx(observed)
 
 
-def test_the_step_overhead_is_learned_only_once_a_policy_profiled(tiny_models):
+def test_the_cost_correction_is_learned_only_once_a_policy_profiled(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "fixed:2")
-    assert llm.engine.speculator.overhead.num_steps == 0  # a plain policy never profiles
+    assert llm.engine.speculator.cost is None  # a plain policy never profiles
     llm, _ = run(tiny_models, "gqa_tied", "faser")
-    speculator = llm.engine.speculator
-    assert speculator.overhead.num_steps > 0
-    assert speculator.policy("faser").overhead == speculator.overhead.estimate
+    cost = llm.engine.speculator.cost
+    assert cost is not None and cost.num_observed > 0
+    assert llm.engine.speculator.policy("faser").cost is cost
 
 
 def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greedy):
@@ -76,7 +76,7 @@ def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greed
         assert out.token_ids == hf_greedy("gqa_tied", prompt, 64)
     stats = llm.engine.stats
     assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
-    assert llm.engine.speculator.draft_calibration(0.1) > 0.9
+    assert llm.engine.speculator.estimator.calibrated(0.1) > 0.9
 
 
 @pytest.mark.parametrize("frontier_size", [1, 2])
@@ -123,14 +123,14 @@ def test_per_request_policy_override_mixes_in_one_batch(tiny_models, hf_greedy):
     engine = llm.engine
     specs = [None, {"policy": "fixed", "max_k": 2}, {"policy": "fixed", "max_k": 5}, None]
     for i, (prompt, spec) in enumerate(zip(PROMPTS, specs, strict=True)):
-        engine.add_request(str(i), prompt, GREEDY, spec=spec)
+        engine.add_request(str(i), prompt, GREEDY, speculation=spec)
     done = {}
     while engine.has_unfinished_requests():
         done.update({o.request_id: o for o in engine.step() if o.finished})
     for i, prompt in enumerate(PROMPTS):
         assert done[str(i)].token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
-    assert done["0"].spec.num_draft_tokens == 0
-    assert done["2"].spec.num_draft_tokens > 0
+    assert done["0"].spec_stats.num_draft_tokens == 0
+    assert done["2"].spec_stats.num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("weight_format", ["dense", "packed"])

@@ -4,12 +4,15 @@ distribution, is reproducible per seed, and reuses post-verify drafts."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.lanes import Lane, make_lanes
+from faser.spec_decode.planner import NO_LIMITS
+from faser.spec_decode.policy import StaticPolicy
 from tests.engine.test_sampling_distribution import (  # noqa: F401  (a fixture)
     NUM_SAMPLES,
     PARAMS,
@@ -17,7 +20,7 @@ from tests.engine.test_sampling_distribution import (  # noqa: F401  (a fixture)
     assert_marginals_match,
     small_vocab_pair,
 )
-from tests.spec.spec_profiles import roofline
+from tests.spec_decode.spec_profiles import roofline
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [60] * 17]
 MAX_TOKENS = 24
@@ -29,8 +32,20 @@ def overlapped(target, draft, policy, frontier=None, spec_fields=None, **kwargs)
     llm = LLM(str(target), draft_model=str(draft), spec=spec, lane_threads=(1, 1),
               num_kv_blocks=kwargs.pop("num_kv_blocks", 96), block_size=4, **kwargs,
               dtype="float32")
-    llm.engine.speculator.force_overlap = True
     return llm
+
+
+@pytest.fixture(autouse=True)
+def static_plans_overlap(monkeypatch):
+    """Every speculative step of a static policy runs overlapped (the faser policies choose
+    overlap themselves, where it pays)."""
+    plan = StaticPolicy.plan
+
+    def overlapping(self, states, load, limits=NO_LIMITS):
+        chosen = plan(self, states, load, limits)
+        return replace(chosen, mode="overlap") if any(chosen.max_k) else chosen
+
+    monkeypatch.setattr(StaticPolicy, "plan", overlapping)
 
 
 @pytest.mark.parametrize("shape", ["gqa_tied", "mha_untied"])
@@ -52,7 +67,7 @@ def test_faser_overlaps_at_low_load_and_stays_lossless(tiny_models, hf_greedy):
     llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
               spec=SpecConfig(policy="faser"), lane_threads=(1, 1), num_kv_blocks=96,
               block_size=4, dtype="float32")
-    llm.engine.speculator._cost_model = roofline()
+    llm.engine.speculator.use_cost_profile(roofline())
     outputs = llm.generate(PROMPTS[:1], GREEDY)
     assert outputs[0].token_ids == hf_greedy("gqa_tied", PROMPTS[0], MAX_TOKENS)
     speculator = llm.engine.speculator
@@ -76,10 +91,8 @@ def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
     draft almost never runs alone."""
     target = tiny_models["gqa_tied"]
     # no prompt lookup: a random-weight model is right but never sure, and a looked-up guess
-    # would replace its (always accepted) tokens; a fast-moving estimate, so that a few steps
-    # take it from the prior to "all accepted"
-    llm = overlapped(target, target, "fixed:4",
-                     spec_fields={"prompt_lookup": False, "alpha_ema": 0.3})
+    # would replace its (always accepted) tokens
+    llm = overlapped(target, target, "fixed:4", spec_fields={"prompt_lookup": False})
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
@@ -138,15 +151,3 @@ def test_lane_threads_are_checked():
         make_lanes("cpu", (1, 0))
     with pytest.raises(ValueError, match="lane_threads"):
         Lane("t", num_threads=0)
-
-
-def test_the_measured_profile_times_each_model_on_its_lane(tiny_models, tmp_path):
-    """With lanes, the profile also times each model on its own lane, so that the controller can
-    tell whether overlapping pays on this hardware (see tests/spec/test_controller.py)."""
-    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
-              spec=SpecConfig(policy="faser", profile_cache_dir=str(tmp_path)),
-              lane_threads=(1, 1), num_kv_blocks=96, block_size=4, max_num_batched_tokens=16,
-              max_num_seqs=4, dtype="float32")
-    cost = llm.engine.speculator.cost_model
-    assert cost.lane_scales is not None and min(cost.lane_scales) > 0
-    assert "lanes=(1, 1)" in cost.key

@@ -14,9 +14,9 @@ def _engine(models, tmp_path, policy: str):
 
 def test_prepare_measures_a_faser_policys_profile_before_any_request(tiny_models, tmp_path):
     engine = _engine(tiny_models, tmp_path, "faser")
-    assert engine.speculator._cost_model is None  # measured lazily unless prepared
+    assert engine.speculator.cost is None  # measured lazily unless prepared
     engine.prepare()
-    assert engine.speculator._cost_model is not None
+    assert engine.speculator.cost is not None
     assert list(tmp_path.glob("*.json"))  # cached for the next replica on this node
     assert engine.num_free_blocks == engine.num_total_blocks  # the borrowed blocks are back
 
@@ -24,4 +24,4 @@ def test_prepare_measures_a_faser_policys_profile_before_any_request(tiny_models
 def test_prepare_measures_nothing_for_a_policy_without_a_cost_model(tiny_models, tmp_path):
     engine = _engine(tiny_models, tmp_path, "fixed:2")
     engine.prepare()
-    assert engine.speculator._cost_model is None and not list(tmp_path.glob("*.json"))
+    assert engine.speculator.cost is None and not list(tmp_path.glob("*.json"))

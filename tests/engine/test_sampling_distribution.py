@@ -12,7 +12,7 @@ import torch
 from faser import LLM, SamplingParams, SpecConfig
 from faser.layers.sampler import logits_to_probs
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
-from tests.spec.spec_profiles import roofline
+from tests.spec_decode.spec_profiles import roofline
 
 VOCAB = 12
 PROMPT = [1, 2, 3]
@@ -88,7 +88,7 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, poli
               num_kv_blocks=4096, block_size=4, max_num_seqs=max_num_seqs,
               max_num_batched_tokens=1024, dtype="float32")
     # a memory-bound profile, so that faser speculates on models this small
-    llm.engine.speculator._cost_model = roofline()
+    llm.engine.speculator.use_cost_profile(roofline())
     params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
               for i in range(NUM_SAMPLES)]
     outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)

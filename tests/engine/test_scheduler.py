@@ -9,7 +9,7 @@ from faser.engine.scheduler import Scheduler
 from faser.engine.sequence import Sequence, SequenceStatus
 from faser.runner.block_manager import BlockManager
 from faser.sampling_params import SamplingParams
-from faser.spec.state import SpecState
+from faser.spec_decode.state import SpecState
 
 
 def make_seq(rid: str, prompt_len: int) -> Sequence:

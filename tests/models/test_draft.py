@@ -98,4 +98,4 @@ def test_committed_draft_keeps_the_default_targets_greedy_output() -> None:
     fast, slow = pair.generate(prompts, params), plain.generate(prompts, params)
 
     assert [o.token_ids for o in fast] == [o.token_ids for o in slow]
-    assert sum(o.spec.num_draft_tokens for o in fast) > 0
+    assert sum(o.spec_stats.num_draft_tokens for o in fast) > 0

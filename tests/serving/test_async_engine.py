@@ -56,7 +56,7 @@ def test_concurrent_streams_finish_and_free_their_blocks(engine):
     assert all(x[-1].finished and x[-1].finish_reason == "length" for x in (a, b, c))
     # each step's new tokens add up to the whole output
     assert sum((o.new_token_ids for o in a), []) == a[-1].token_ids
-    assert b[-1].spec.num_draft_tokens == 0
+    assert b[-1].spec_stats.num_draft_tokens == 0
     assert engine.engine.num_free_blocks == engine.engine.num_total_blocks
 
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 import torch
 
 from faser.runner.lanes import Lanes
-from faser.spec.proposer import Proposal, Proposer
-from faser.spec.request import SpecRequest
-from faser.spec.verifier import FrontierItem, Verdict, Verifier, frontier_checks
+from faser.spec_decode.proposer import Proposal, Proposer
+from faser.spec_decode.request import SpecRequest
+from faser.spec_decode.verifier import FrontierItem, Verdict, Verifier, frontier_checks
 
 Reserve = Callable[[SpecRequest, int], bool]
 # post-verify drafts are made only while the chance that they are used (all k_i accepted, the

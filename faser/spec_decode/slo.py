@@ -1,5 +1,6 @@
 """Service-level objectives: the time to first token (TTFT) and the time per output token (TPOT)
-promised per request, and the step deadlines that SLO-aware speculation keeps to.
+promised per request, and the step limits that SLO-aware speculation keeps to (the planner takes
+them as constraints).
 
 TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1). A request
 attains its SLO when it meets every target it was given.
@@ -17,12 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
-
-from faser.spec.goodput import KChoice, StepCost, choose_k, survival
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the request protocol imports SpecState, which holds an Slo
-    from faser.spec.request import SpecRequest
+    from faser.spec_decode.request import SpecRequest
 
 SLO_FIELDS = ("tpot_ms", "ttft_ms")
 # a request behind its TPOT target catches up within this many tokens (or its remaining ones);
@@ -151,75 +150,3 @@ def ttft_step_limit(prefills: Sequence[tuple[SpecRequest, int]], now_s: float) -
         if left > 0:
             limits.append(left)
     return min(limits) if limits else None
-
-
-
-class SloChoice(NamedTuple):
-    choice: KChoice  # what the step runs
-    free: KChoice  # the choice without any SLO
-    deadlines: list[float | None] | None  # the TPOT deadlines kept (see `savable`)
-    num_past_saving: int
-
-    def notes(self) -> dict[str, object]:
-        """What the decision trace says of the SLO: the deadlines, the requests past saving,
-        and whether the SLO changed the decision (against the choice without one)."""
-        return {
-            "slo_tpot_deadlines_s": self.deadlines,
-            "slo_num_past_saving": self.num_past_saving,
-            "slo_changed": self.choice.ks != self.free.ks,
-            "slo_unconstrained_k": self.free.ks,
-            "slo_met_predicted": self.choice.meets_deadlines,
-        }
-
-
-def choose_k_for_slo(
-    acceptance: Sequence[Sequence[float]],
-    step_cost: StepCost,
-    *,
-    token_budget: int | None = None,
-    max_step_time_s: float | None = None,
-    tpot_deadlines_s: Sequence[float | None] | None = None,
-) -> SloChoice:
-    """The goodput-optimal k vector when it keeps the SLO's limits (so loose targets change
-    nothing), else the best that does (see `choose_k`): the step no longer than
-    `max_step_time_s` (TTFT) and tau <= D_i (1 + E_i(k_i)) for every savable TPOT deadline."""
-    free = choose_k(acceptance, step_cost, token_budget=token_budget)
-    kept = savable(tpot_deadlines_s, acceptance, step_cost.total())
-    num_given = sum(d is not None for d in tpot_deadlines_s or ())
-    num_past = num_given - sum(d is not None for d in kept or ())
-    if _keeps(free, kept, max_step_time_s):
-        return SloChoice(free, free, kept, num_past)
-    choice = choose_k(
-        acceptance, step_cost, token_budget=token_budget, max_step_time_s=max_step_time_s,
-        tpot_deadlines_s=kept,
-    )
-    return SloChoice(choice, free, kept, num_past)
-
-
-def savable(
-    deadlines: Sequence[float | None] | None,
-    acceptance: Sequence[Sequence[float]],
-    base_time_s: float,
-) -> list[float | None] | None:
-    """The TPOT deadlines worth keeping: a request whose deadline not even its own full
-    speculation at the step's plainest cost could meet is past saving this step, and holding
-    everyone to it would only slow them all. None when no deadline is left."""
-    if deadlines is None:
-        return None
-    kept: list[float | None] = []
-    for d, a in zip(deadlines, acceptance, strict=True):
-        best_tokens = 1.0 + sum(survival(a))
-        kept.append(d if d is not None and d * best_tokens >= base_time_s else None)
-    return kept if any(d is not None for d in kept) else None
-
-
-def _keeps(choice: KChoice, deadlines: list[float | None] | None, max_time: float | None) -> bool:
-    if max_time is not None and choice.step_time_s > max_time:
-        return False
-    if deadlines is None:
-        return True
-    return all(
-        d * (1.0 + e) >= choice.step_time_s
-        for d, e in zip(deadlines, choice.expected_accepted, strict=True)
-        if d is not None
-    )

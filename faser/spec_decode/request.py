@@ -9,9 +9,9 @@ import torch
 
 from faser.outputs import SpecStats
 from faser.sampling_params import SamplingParams
-from faser.spec.features import TargetFeatures
-from faser.spec.lookup import PromptLookup
-from faser.spec.state import SpecState
+from faser.spec_decode.features import TargetFeatures
+from faser.spec_decode.lookup import PromptLookup
+from faser.spec_decode.state import SpecState
 
 
 class SpecRequest(Protocol):

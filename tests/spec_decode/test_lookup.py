@@ -1,7 +1,7 @@
 """Prompt lookup: the token after the latest earlier occurrence of the newest n-gram, longest
 n-gram first; only committed tokens are indexed, each once."""
 
-from faser.spec.lookup import MAX_N, MIN_N, PRECISION, PromptLookup
+from faser.spec_decode.lookup import MAX_N, MIN_N, PRECISION, PromptLookup
 
 
 def test_guess_is_the_token_after_the_latest_occurrence():
@@ -48,7 +48,7 @@ def test_proposer_takes_the_looked_up_token_only_when_it_is_likelier():
     from types import SimpleNamespace
 
     from faser.sampling_params import SamplingParams
-    from faser.spec.proposer import prefer_lookup
+    from faser.spec_decode.proposer import prefer_lookup
 
     def request(greedy: bool) -> SimpleNamespace:
         params = SamplingParams(temperature=0.0 if greedy else 1.0)

@@ -3,7 +3,8 @@ target forward and kept until a feature draft (faser.models.feature_draft) has r
 
 The draft feeds position p with h_{p-1}, so at a proposal it reads up to h_{n-2} of a request with n
 committed tokens: rows the target computed for committed tokens. Rows computed for rejected draft
-tokens are overwritten when the target next runs from that position, before anyone reads them."""
+tokens are overwritten when the target next runs from that position, before anyone reads them.
+While a request does not speculate for a while (the faser controller is off), no rows are kept."""
 
 from __future__ import annotations
 
@@ -45,18 +46,20 @@ class TargetFeatures:
         self._buffer[at : at + rows.shape[0]] = rows.detach()
         self._num = kept + rows.shape[0]
 
-    def read(self, first: int, last: int) -> torch.Tensor:
-        """h_first .. h_{last-1}; position -1 (before the first token) reads zeros."""
-        lead = max(0, -first)
-        first += lead
+    def read(self, first: int, last: int, zero: torch.Tensor) -> torch.Tensor:
+        """h_first .. h_{last-1}. A position not held reads as `zero` ([hidden]): position -1
+        (before the first token), and those the target ran while the request did not speculate
+        (its features were not kept); the draft then guesses from the tokens alone there."""
         held = self.rows
-        if held is None or first < self.start or last > self.end:
-            raise RuntimeError(
-                f"target features of positions [{first}, {last}) are not held "
-                f"(held: [{self.start}, {self.end}))"
-            )
-        held = held[first - self.start : last - self.start]
-        return torch.cat((held.new_zeros(lead, held.shape[1]), held)) if lead else held
+        if held is None:
+            return zero.expand(max(0, last - first), -1).clone()
+        lo, hi = max(first, self.start), min(last, self.end)
+        if lo == first and hi == last:
+            return held[lo - self.start : hi - self.start]
+        out = held.new_zeros(max(0, last - first), held.shape[1])
+        if lo < hi:
+            out[lo - first : hi - first] = held[lo - self.start : hi - self.start]
+        return out
 
     def forget_before(self, pos: int) -> None:
         """Drops h_p for p < pos: the draft will never read them again."""

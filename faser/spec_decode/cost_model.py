@@ -1,11 +1,15 @@
-"""Profiled step times of the target and the draft, the cost side of the goodput model.
+"""What a step costs: the profiled forwards of the target and the draft, and one online correction.
 
 The target's time is measured at a few points of the flat batch size (num_tokens), the draft's at a
 few batch sizes; between points the time is interpolated linearly, beyond them extrapolated along
-the last segment. When the engine has lanes (overlap), each model's step is also timed on its own
-lane, whose share of the hardware is smaller: on a CPU the target's lane has half the cores, and
-overlap pays only when hiding the draft wins back more than that costs. The profile is measured
-once per model, device, dtype and thread count and cached as JSON, so a restart costs no profiling.
+the last segment. The profile is measured once per model, device, dtype and thread count (in the
+engine's `prepare()`) and cached as JSON, so a restart costs no profiling.
+
+A served step also samples, scores and attends over each request's whole context, which the
+profile's bare short-context forwards do not: `CostModel` corrects each curve by what the served
+steps' own phases measured (drafting, and verification), from the steps that ran without a
+prefill chunk. A shape's first step is left out: a kernel's first call at a size plans and
+allocates, and that one step priced draft tokens so dear that speculation stopped for good.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from faser.models.model_cache import cache_root
 
@@ -31,9 +34,10 @@ TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96,
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
 # 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points
 PROFILE_VERSION = 4
-# The knee is where the step time's elasticity d ln t / d ln n reaches one half: on t = t0 + c n
-# where the growing part equals the fixed part (n = t0 / c), on a roofline max(t0, c n) its corner.
-KNEE_ELASTICITY = 0.5
+# The knee: the first doubling of the tokens that costs sqrt(2) times as much (where the growing
+# part of t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
+KNEE_GROWTH = math.sqrt(2.0)
+CORRECTION_EMA = 0.05  # weight of the newest step in the correction: steps are noisy
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,55 +50,32 @@ class CostProfile:
     draft_points: tuple[int, ...] = ()
     draft_times: tuple[float, ...] = ()
     key: str = ""
-    # (target, draft): a step's time on its lane over its time with the whole device, measured
-    # at the smallest batch (overlap is only chosen at low load); None: not measured (no lanes)
-    lane_scales: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         _check_curve("target", self.target_points, self.target_times, allow_empty=False)
         _check_curve("draft", self.draft_points, self.draft_times, allow_empty=True)
-        if self.lane_scales is not None and (
-            len(self.lane_scales) != 2
-            or not all(s > 0.0 and math.isfinite(s) for s in self.lane_scales)
-        ):
-            raise ValueError(f"lane_scales must be two positive numbers, got {self.lane_scales}")
 
-    def target_time(self, num_tokens: float, *, lane: bool = False) -> float:
-        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens.
-        `lane`: on the target's lane, beside a drafting draft."""
+    def target_time(self, num_tokens: float) -> float:
+        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens."""
         if num_tokens <= 0:
             return 0.0
-        scale = self.lane_scales[0] if lane and self.lane_scales else 1.0
-        return scale * _interpolate(self.target_points, self.target_times, num_tokens)
+        return _interpolate(self.target_points, self.target_times, num_tokens)
 
-    def draft_time(self, batch_size: float, *, lane: bool = False) -> float:
+    def draft_time(self, batch_size: float) -> float:
         """Seconds of one draft step over `batch_size` sequences; 0 for none."""
         if batch_size <= 0 or not self.draft_points:
             return 0.0
-        scale = self.lane_scales[1] if lane and self.lane_scales else 1.0
-        return scale * _interpolate(self.draft_points, self.draft_times, batch_size)
+        return _interpolate(self.draft_points, self.draft_times, batch_size)
 
-    def knee(self, elasticity: float = KNEE_ELASTICITY) -> float:
-        """num_tokens where the target turns from memory-bound to compute-bound: where doubling
-        the tokens first costs 2^elasticity times as much (elasticity measured per segment, at
-        its geometric middle, and interpolated in log space); inf when the curve stays flat.
-        Measured on the power-of-two points alone where there are three or more: the points just
-        past a padded layout's row counts make segments so short and uneven that the
-        interpolated middle lands well before a roofline's corner.
-
-        Timing noise is one-sided (contention only slows a forward down), so the curve is first
-        replaced by its lower envelope from the right: a slow outlier cannot fake an early knee."""
-        points, times = _doublings(self.target_points, _lower_envelope(self.target_times))
-        middles, slopes = _log_slopes(points, times)
-        for j, e in enumerate(slopes):
-            if e >= elasticity:
-                if j == 0:
-                    return float(points[0])  # compute-bound from the smallest forward
-                frac = (elasticity - slopes[j - 1]) / (e - slopes[j - 1])
-                return math.exp(
-                    math.log(middles[j - 1]) + frac * math.log(middles[j] / middles[j - 1])
-                )
-        return _extrapolate_knee(points, times, elasticity)
+    def knee(self) -> float:
+        """num_tokens past which the target is compute-bound (see KNEE_GROWTH); inf when the
+        curve stays flat over the profile."""
+        n = 1
+        while 2 * n <= self.target_points[-1]:
+            if self.target_time(2 * n) >= KNEE_GROWTH * self.target_time(n):
+                return float(n)
+            n *= 2
+        return math.inf
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -102,7 +83,6 @@ class CostProfile:
             "key": self.key,
             "target": {"num_tokens": list(self.target_points), "seconds": list(self.target_times)},
             "draft": {"batch_size": list(self.draft_points), "seconds": list(self.draft_times)},
-            "lane_scales": list(self.lane_scales) if self.lane_scales else None,
         }
 
     @classmethod
@@ -116,15 +96,55 @@ class CostProfile:
             draft_points=tuple(int(n) for n in data["draft"]["batch_size"]),
             draft_times=tuple(float(t) for t in data["draft"]["seconds"]),
             key=str(data.get("key", "")),
-            lane_scales=_pair(data.get("lane_scales")),
         )
 
 
-class LaneTimers(NamedTuple):
-    """The same measurements as `profile` takes, run on the target's and the draft's lanes."""
+class CostModel:
+    """The profile, corrected by what served steps measured: `draft_scale` times the profiled
+    drafting (a served draft step also samples, scores its confidence and looks up the prompt),
+    and `per_row_s` beyond the profiled verification per decode row (each row also samples and
+    attends over its request's whole context)."""
 
-    target: Callable[[int], float]
-    draft: Callable[[int], float]
+    __slots__ = ("_warm", "draft_scale", "num_drafted", "num_observed", "per_row_s", "profile")
+
+    def __init__(self, profile: CostProfile) -> None:
+        self.profile = profile
+        self.draft_scale = 1.0
+        self.per_row_s = 0.0
+        self.num_observed = 0
+        self.num_drafted = 0  # of them, steps that drafted
+        self._warm: set[tuple[int, int]] = set()
+
+    def draft_time(self, batch_size: float) -> float:
+        return self.draft_scale * self.profile.draft_time(batch_size)
+
+    def verify_time(self, num_rows: int, num_prefill_tokens: int = 0) -> float:
+        return self.profile.target_time(num_rows + num_prefill_tokens) + self.per_row_s * num_rows
+
+    def step_time(self, num_requests: int, ks: Sequence[int], num_prefill_tokens: int = 0) -> float:
+        """Predicted seconds of a sequential step: draft forwards, then one verification."""
+        draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
+        return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens)
+
+    def observe(
+        self, num_requests: int, ks: Sequence[int], draft_s: float, verify_s: float
+    ) -> None:
+        """A decode-only sequential step that drafted `ks` in `draft_s` and verified them in
+        `verify_s`. A shape's first step is left out (see the module docstring)."""
+        rows = num_requests + sum(ks)
+        shape = (rows, max(ks, default=0))
+        if rows < 1 or shape not in self._warm:
+            self._warm.add(shape)
+            return
+        self.num_observed += 1
+        weight = max(CORRECTION_EMA, 1.0 / self.num_observed)
+        residual = (verify_s - self.profile.target_time(rows)) / rows
+        self.per_row_s = max(0.0, self.per_row_s + weight * (residual - self.per_row_s))
+        bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
+        if bare > 0:
+            self.num_drafted += 1
+            weight = max(CORRECTION_EMA, 1.0 / self.num_drafted)
+            self.draft_scale += weight * (draft_s / bare - self.draft_scale)
 
 
 def profile(
@@ -136,7 +156,6 @@ def profile(
     repeats: int = 3,
     warmup: int = 1,
     key: str = "",
-    lanes: LaneTimers | None = None,
 ) -> CostProfile:
     """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
     at size n. The median of `repeats` calls per point, taken in rounds over all the points
@@ -149,18 +168,12 @@ def profile(
     draft_times: tuple[float, ...] = ()
     if measure_draft is not None:
         draft_times = _measure_curve(measure_draft, draft_points, repeats, warmup)
-    lane_scales = None
-    if lanes is not None and measure_draft is not None:
-        lane_target = _measure_curve(lanes.target, points[:1], repeats, warmup)[0]
-        lane_draft = _measure_curve(lanes.draft, draft_points[:1], repeats, warmup)[0]
-        lane_scales = (lane_target / target_times[0], lane_draft / draft_times[0])
     return CostProfile(
         target_points=tuple(points),
         target_times=target_times,
         draft_points=tuple(draft_points) if measure_draft is not None else (),
         draft_times=draft_times,
         key=key,
-        lane_scales=lane_scales,
     )
 
 
@@ -172,7 +185,6 @@ def profile_key(
     device: str,
     dtype: str,
     num_threads: int | None,
-    lane_threads: object = None,
     weight_format: str = "dense",
 ) -> str:
     """The cache key: a profile is only valid for the hardware, precision, weight layout and
@@ -180,7 +192,7 @@ def profile_key(
     key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
     if weight_format != "dense":
         key = f"{key}|weights={weight_format}"
-    return key if lane_threads is None else f"{key}|lanes={lane_threads}"
+    return key
 
 
 def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:
@@ -233,24 +245,20 @@ def load_or_profile(
     *,
     cache_dir: str | os.PathLike | None = None,
     repeats: int = 3,
-    lanes: LaneTimers | None = None,
 ) -> CostProfile:
-    """The cached profile for `key` when it covers the requested points (and lanes), else a
-    fresh one."""
+    """The cached profile for `key` when it covers the requested points, else a fresh one."""
     path = cache_path(key, cache_dir)
     cached = load_profile(path)
     wanted_draft = tuple(draft_points) if measure_draft is not None else ()
-    wants_lanes = lanes is not None and measure_draft is not None
     if (
         cached is not None
         and cached.key == key
         and cached.target_points == tuple(points)
         and cached.draft_points == wanted_draft
-        and (cached.lane_scales is not None) == wants_lanes
     ):
         return cached
     cost = profile(
-        measure_target, measure_draft, points, draft_points, repeats=repeats, key=key, lanes=lanes
+        measure_target, measure_draft, points, draft_points, repeats=repeats, key=key
     )
     save_profile(cost, path)
     return cost
@@ -272,13 +280,6 @@ def _measure_curve(
         for n in points if round_ % 2 == 0 else reversed(points):
             samples[n].append(float(measure(n)))
     return tuple(_lower_envelope([statistics.median(samples[n]) for n in points]))
-
-
-def _pair(value: object) -> tuple[float, float] | None:
-    if value is None:
-        return None
-    first, second = value  # type: ignore[misc]
-    return float(first), float(second)
 
 
 def _check_curve(
@@ -306,35 +307,6 @@ def _interpolate(points: Sequence[int], times: Sequence[float], x: float) -> flo
     if x > x1:
         slope = max(slope, 0.0)
     return t0 + slope * (x - x0)
-
-
-def _log_slopes(points: Sequence[int], times: Sequence[float]) -> tuple[list[float], list[float]]:
-    """Per segment: its geometric middle and d ln t / d ln n."""
-    middles, slopes = [], []
-    for (n0, t0), (n1, t1) in zip(
-        zip(points, times, strict=True), zip(points[1:], times[1:], strict=True), strict=False
-    ):
-        middles.append(math.sqrt(n0 * n1))
-        slopes.append(math.log(t1 / t0) / math.log(n1 / n0))
-    return middles, slopes
-
-
-def _extrapolate_knee(points: Sequence[int], times: Sequence[float], elasticity: float) -> float:
-    """Past the profile, along the last segment t = a + s n: elasticity s n / (a + s n)."""
-    if len(points) < 2:
-        return math.inf
-    slope = (times[-1] - times[-2]) / (points[-1] - points[-2])
-    if slope <= 0:
-        return math.inf
-    intercept = times[-1] - slope * points[-1]
-    return max(float(points[-1]), elasticity * intercept / ((1.0 - elasticity) * slope))
-
-
-def _doublings(points: Sequence[int], times: Sequence[float]) -> tuple[list[int], list[float]]:
-    kept = [(n, t) for n, t in zip(points, times, strict=True) if n & (n - 1) == 0]
-    if len(kept) < 3:
-        return list(points), list(times)
-    return [n for n, _ in kept], [t for _, t in kept]
 
 
 def _lower_envelope(times: Sequence[float]) -> list[float]:

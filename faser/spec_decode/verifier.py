@@ -9,6 +9,7 @@ plain decoding. Prefill chunks ride along in frontier 0 and sample when they com
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -16,9 +17,9 @@ import torch
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.sampling_params import SamplingParams
-from faser.spec.proposer import Proposal
-from faser.spec.request import SpecRequest
-from faser.spec.sampling import request_probs
+from faser.spec_decode.proposer import Proposal
+from faser.spec_decode.request import SpecRequest
+from faser.spec_decode.sampling import request_probs
 from faser_kernels import rejection_sample
 
 
@@ -55,15 +56,20 @@ class Verifier:
         proposal: Proposal,
         prefills: list[tuple[SpecRequest, int]],
         frontier_size: int | None = None,
+        keep_features: Sequence[bool] | None = None,
     ) -> tuple[list[Verdict], list[int | None]]:
         """A verdict per decoding request and, per prefill chunk, the token sampled when the
-        chunk completed its prompt (None otherwise)."""
+        chunk completed its prompt (None otherwise). `keep_features[i]`: keep decoding request
+        i's target features for the draft (default: every request that may speculate)."""
         drafts = proposal.draft_token_ids
         num_inputs = max((len(d) + 1 for d in drafts), default=1)
         f = num_inputs if frontier_size is None else max(1, frontier_size)
         verdicts = [Verdict() for _ in seqs]
         uniforms = [_uniforms(s, len(d)) for s, d in zip(seqs, drafts, strict=True)]
         starts = [s.num_cached for s in seqs]
+        skip = frozenset(
+            s.request_id for s, k in zip(seqs, keep_features or (), strict=False) if not k
+        )
         prefill_tokens: list[int | None] = [None] * len(prefills)
         for j in range(0, num_inputs, f):
             alive = [i for i, v in enumerate(verdicts) if not v.done and j <= len(drafts[i])]
@@ -74,7 +80,7 @@ class Verifier:
                 _frontier_item(seqs[i], proposal, i, starts[i], j, f, uniforms[i], verdicts[i])
                 for i in alive
             ]
-            self.verify_items(items, riders, prefill_tokens)
+            self.verify_items(items, riders, prefill_tokens, skip)
         for i, verdict in enumerate(verdicts):
             verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
         return verdicts, prefill_tokens
@@ -84,6 +90,7 @@ class Verifier:
         items: list[FrontierItem],
         prefills: list[tuple[SpecRequest, int]],
         prefill_tokens: list[int | None],
+        skip_features: frozenset[str] = frozenset(),
     ) -> None:
         """One target forward over frontiers of different requests, each at its own offset (the
         overlapped step verifies a request as soon as its drafts exist), plus prefill riders;
@@ -93,7 +100,10 @@ class Verifier:
         logits, hidden = self.runner.forward_hidden(chunks)  # [num_logits, vocab]
         if self.runner.feature_layers:  # a feature draft reads what the target computed
             fed = [it.seq for it in items] + [seq for seq, _ in prefills]
-            _keep_features(fed, chunks, hidden)
+            # a request that does not speculate for a while would only hoard rows
+            keep = [s.spec_state.policy != "off" and s.request_id not in skip_features
+                    for s in fed]
+            _keep_features(fed, chunks, hidden, keep)
         entries: list[_Entry] = []
         owners: list = []
         row = 0
@@ -152,12 +162,13 @@ class Verifier:
             owner.done = rejected or entry.final
 
 
-def _keep_features(seqs: list[SpecRequest], chunks: list[Chunk], hidden: torch.Tensor) -> None:
+def _keep_features(
+    seqs: list[SpecRequest], chunks: list[Chunk], hidden: torch.Tensor, keep: list[bool]
+) -> None:
     row = 0
-    for seq, chunk in zip(seqs, chunks, strict=True):
+    for seq, chunk, kept in zip(seqs, chunks, keep, strict=True):
         n = len(chunk.token_ids)
-        # a request that never speculates would only hoard rows (kilobytes per token)
-        if seq.spec_state.policy != "off":
+        if kept:
             seq.features.write(chunk.start_pos, hidden[row : row + n])
         row += n
 

@@ -1,10 +1,12 @@
 """A request's target features: rows by position, overwritten from where the target runs again,
-read with a zero row before position 0, forgotten once read, and a clear error for a gap."""
+read with a zero row where nothing is held (before position 0, and positions the target ran while
+the request did not speculate), forgotten once read."""
 
-import pytest
 import torch
 
-from faser.spec.features import TargetFeatures
+from faser.spec_decode.features import TargetFeatures
+
+ZERO = torch.zeros(2)
 
 
 def rows(*values: float) -> torch.Tensor:
@@ -16,14 +18,18 @@ def test_write_overwrite_read_forget() -> None:
     features.write(0, rows(0, 1, 2))  # a prefill
     features.write(2, rows(20, 30, 40))  # a verification from the last token: 30, 40 rejected
     features.write(3, rows(31))  # the next step overwrites the rejected rows
-    assert features.read(-1, 3)[:, 0].tolist() == [0, 0, 1, 20]
+    assert features.read(-1, 3, ZERO)[:, 0].tolist() == [0, 0, 1, 20]
     features.forget_before(2)
     assert (features.start, features.end) == (2, 4)
-    assert features.read(2, 4)[:, 0].tolist() == [20, 31]
-    with pytest.raises(RuntimeError, match=r"positions \[1, 3\) are not held"):
-        features.read(1, 3)
+    assert features.read(2, 4, ZERO)[:, 0].tolist() == [20, 31]
+    assert features.read(1, 3, ZERO)[:, 0].tolist() == [0, 20]  # h_1 was forgotten
     features.write(0, rows(5))  # a preempted request computed again from the start
     assert (features.start, features.end) == (0, 1)
+
+
+def test_a_request_with_no_rows_held_reads_zeros() -> None:
+    """A request whose features were never kept (it did not speculate yet) drafts from zeros."""
+    assert TargetFeatures().read(-1, 3, ZERO).tolist() == [[0.0, 0.0]] * 4
 
 
 def test_a_long_run_of_writes_keeps_every_row_and_grows_by_doubling() -> None:
@@ -36,12 +42,13 @@ def test_a_long_run_of_writes_keeps_every_row_and_grows_by_doubling() -> None:
         features.write(pos, rows(pos))
         buffers.add(features.rows.untyped_storage().data_ptr())
     assert len(buffers) <= 6
-    assert features.read(-1, 500)[:, 1].tolist() == [0.0, *range(500)]
+    assert features.read(-1, 500, ZERO)[:, 1].tolist() == [0.0, *range(500)]
     features.forget_before(450)
     ptr = features.rows.untyped_storage().data_ptr()
     for pos in range(500, 700):  # 250 rows held: room in the buffer once the first are gone
         features.write(pos, rows(pos))
     assert features.rows.untyped_storage().data_ptr() == ptr
-    assert features.read(450, 700)[:, 0].tolist() == list(range(450, 700))
+    assert features.read(450, 700, ZERO)[:, 0].tolist() == list(range(450, 700))
     features.write(600, rows(-1, -2))  # a rejected tail overwritten: later rows dropped
-    assert features.end == 602 and features.read(598, 602)[:, 0].tolist() == [598, 599, -1, -2]
+    assert features.end == 602
+    assert features.read(598, 602, ZERO)[:, 0].tolist() == [598, 599, -1, -2]

@@ -10,9 +10,9 @@ target's hidden state before it, and for each of its own guesses its own output 
 iteration. The cache rows it wrote from its own guesses are not trusted past the step: the next
 proposal feeds the accepted tokens again, with the target's features.
 
-With prompt lookup on (faser.spec.lookup), a greedy request's guess is replaced by the token that
-followed its newest tokens earlier in its context, when that is likelier to be right than the
-draft's own guess; the draft still reads the token, so its next guess follows it. Sampled
+With prompt lookup on (faser.spec_decode.lookup), a greedy request's guess is replaced by the
+token that followed its newest tokens earlier in its context, when that is likelier to be right
+than the draft's own guess; the draft still reads the token, so its next guess follows it. Sampled
 requests keep the draft's tokens: their verification needs the draft's distribution, which a
 looked-up token does not come from."""
 
@@ -25,9 +25,9 @@ import torch
 
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
-from faser.spec.lookup import MAX_N
-from faser.spec.request import SpecRequest
-from faser.spec.sampling import request_probs
+from faser.spec_decode.lookup import MAX_N
+from faser.spec_decode.request import SpecRequest
+from faser.spec_decode.sampling import request_probs
 from faser_kernels.rejection import sample_inverse_cdf
 
 
@@ -38,6 +38,11 @@ class Proposal:
     confidences: list[list[float]]  # the draft's probability of each of its own tokens
     # per request and token: guessed by prompt lookup, not the draft (empty: none tracked)
     looked_up: list[list[bool]] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_requests: int) -> Proposal:
+        return cls([[] for _ in range(num_requests)], [None] * num_requests,
+                   [[] for _ in range(num_requests)])
 
     def truncate(self, k: list[int]) -> None:
         for i, k_i in enumerate(k):
@@ -66,6 +71,11 @@ class Proposer:
         self.prompt_lookup = prompt_lookup
         # the draft's confidence -> how often such tokens are accepted (None: taken at its word)
         self.calibration = calibration
+        self._zero_feature = torch.zeros(0)  # a feature draft's input where no feature is held
+        if runner.reads_features:
+            model = runner.model
+            dtype = next(model.parameters()).dtype
+            self._zero_feature = torch.zeros(model.feature_dim, dtype=dtype, device=runner.device)
 
     def propose(
         self, seqs: list[SpecRequest], max_k: list[int], stop_confidence: float | None = None
@@ -93,7 +103,7 @@ class Proposer:
                 guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))
             params = [seqs[i].params for i in active]
             probs = request_probs(logits, params)
-            rows = self._to_target_vocab(probs, float("-inf"))
+            rows = self._rows_to_target_vocab(probs, params)
             confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
             looked_up = [False] * len(active)
@@ -140,7 +150,7 @@ class Proposer:
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
         params = [seq.params for seq in seqs]
         probs = request_probs(logits, params)
-        rows = self._to_target_vocab(probs, float("-inf"))
+        rows = self._rows_to_target_vocab(probs, params)
         confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         if self.prompt_lookup:
@@ -160,7 +170,7 @@ class Proposer:
             start = seq.num_draft_cached
             tokens = seq.token_ids[start:]
             if self.runner.reads_features:
-                features = seq.features.read(start - 1, seq.num_tokens - 1)
+                features = seq.features.read(start - 1, seq.num_tokens - 1, self._zero_feature)
         else:
             start = seq.num_tokens + step - 1
             tokens = [drafted[-1]]
@@ -168,6 +178,15 @@ class Proposer:
                 features = guess[None]
         seq.num_draft_cached = start + len(tokens)
         return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
+
+    def _rows_to_target_vocab(self, rows: torch.Tensor, params) -> torch.Tensor:
+        """`request_probs` rows over the target's vocabulary: a greedy row's logits are -inf
+        where the draft has no token, a sampled row's probabilities 0."""
+        out = self._to_target_vocab(rows, float("-inf"))
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if self.token_map is not None and sampled:
+            out[sampled] = self._to_target_vocab(rows[sampled], 0.0)
+        return out
 
     def _to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         if self.token_map is None:

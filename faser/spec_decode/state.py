@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from faser.spec.slo import Slo
+from faser.spec_decode.slo import Slo
 
 
 @dataclass(slots=True)
 class SpecState:
-    alpha: float  # EMA estimate of P(next draft token accepted), from the global prior
+    alpha: float  # the acceptance estimate of its next draft token (faser.spec_decode.estimator)
     policy: str  # the request's own policy (its override, else the engine's)
     max_k: int  # the request's cap on k
+    accepted: float = 0.0  # its verified trials, decayed: accepted ones
+    trials: float = 0.0  # and all of them
     k: int = 0  # the current k of stateful policies (heuristic)
-    last_k: int = 0
-    last_num_accepted: int = 0
     slo: Slo | None = None  # the request's TTFT / TPOT targets, if it has any

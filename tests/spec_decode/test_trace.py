@@ -1,5 +1,5 @@
 from faser.config import SpecConfig
-from faser.spec.trace import DecisionTrace, read_trace
+from faser.spec_decode.trace import DecisionTrace, read_trace
 
 
 def test_trace_appends_one_json_line_per_step(tmp_path):

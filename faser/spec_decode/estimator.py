@@ -1,0 +1,95 @@
+"""How likely a draft token is to be accepted: one estimator, shared by every policy.
+
+Before drafting, each of request i's next tokens is accepted with its rate alpha_i: its own
+verified trials, decayed so that the text it writes now counts most, plus the population's rate
+as a prior worth PRIOR_TRIALS trials. The population's rate is learned the same way over every
+request and starts at the configured prior. After drafting, token t's chance blends alpha_i with
+the draft's calibrated confidence in it: how often tokens drafted with that confidence were
+accepted, over all requests (a small draft is unsure of tokens the target still takes, so its raw
+probability is no acceptance rate).
+
+A step's verification is a run of Bernoulli trials that stops at the first rejection: the
+positions before it were accepted, the rejected one was not, those after it were never judged.
+Counting accepted / drafted instead would read 0.59 for a true rate of 0.8 at k = 4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from faser.spec_decode.state import SpecState
+
+NUM_BINS = 10  # confidence bins of the calibration
+BIN_PRIOR_TRIALS = 4.0  # pseudo-trials at q itself, so that an unseen bin answers q
+PRIOR_TRIALS = 8.0  # the population's rate, in a request's estimate, counts as this many trials
+DECAY = 0.95  # per verified step of a request, of its earlier trials
+POPULATION_DECAY = 0.995  # per verified step of any request, of the population's trials
+CONFIDENCE_WEIGHT = 0.5  # of the calibrated confidence against alpha_i, after drafting
+
+
+class AcceptanceEstimator:
+    def __init__(self, prior: float) -> None:
+        if not 0.0 < prior < 1.0:
+            raise ValueError(f"alpha_prior must lie in (0, 1), got {prior}")
+        self._population = [prior * PRIOR_TRIALS, PRIOR_TRIALS]  # accepted, trials
+        self._bins_accepted = [0.0] * NUM_BINS
+        self._bins_trials = [0.0] * NUM_BINS
+
+    @property
+    def prior(self) -> float:
+        """The population's rate: a new request's estimate."""
+        accepted, trials = self._population
+        return accepted / trials
+
+    def alpha(self, state: SpecState) -> float:
+        return (state.accepted + PRIOR_TRIALS * self.prior) / (state.trials + PRIOR_TRIALS)
+
+    def before_draft(self, state: SpecState, k: int) -> list[float]:
+        """Acceptance chances of request `state`'s next k draft tokens."""
+        return [self.alpha(state)] * k
+
+    def after_draft(self, state: SpecState, confidences: Sequence[float]) -> list[float]:
+        """Acceptance chances of its drafted tokens, from the draft's confidence in each."""
+        w, alpha = CONFIDENCE_WEIGHT, self.alpha(state)
+        return [w * self.calibrated(q) + (1.0 - w) * alpha for q in confidences]
+
+    def calibrated(self, q: float) -> float:
+        """How often tokens drafted with confidence q were accepted."""
+        b = _bin(q)
+        return (self._bins_accepted[b] + BIN_PRIOR_TRIALS * q) / (
+            self._bins_trials[b] + BIN_PRIOR_TRIALS
+        )
+
+    def observe(
+        self,
+        state: SpecState,
+        confidences: Sequence[float],
+        num_accepted: int,
+        looked_up: Sequence[bool] = (),
+        calibrate: bool = True,
+    ) -> None:
+        """One request's verified draft tokens (their confidences) and how many were accepted.
+        Looked-up tokens count for the request's rate but not the draft's calibration: their
+        confidence is the lookup's precision, not the draft's."""
+        k = len(confidences)
+        if k == 0:
+            return
+        trials = num_accepted + int(num_accepted < k)
+        state.accepted = DECAY * state.accepted + num_accepted
+        state.trials = DECAY * state.trials + trials
+        pop = self._population
+        pop[0] = POPULATION_DECAY * pop[0] + num_accepted
+        pop[1] = POPULATION_DECAY * pop[1] + trials
+        state.alpha = self.alpha(state)
+        if not calibrate:
+            return
+        for t, q in enumerate(confidences[:trials]):
+            if t < len(looked_up) and looked_up[t]:
+                continue
+            b = _bin(q)
+            self._bins_trials[b] += 1.0
+            self._bins_accepted[b] += float(t < num_accepted)
+
+
+def _bin(q: float) -> int:
+    return min(NUM_BINS - 1, max(0, int(q * NUM_BINS)))

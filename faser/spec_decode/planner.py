@@ -1,0 +1,241 @@
+"""The planner: the k vector that maximises a step's goodput under its limits, and the frontier size
+that verifies it most cheaply.
+
+For request i with per-position acceptance chances a_{i,1..}, draft position t survives with
+p_{i,t} = prod_{s<=t} a_{i,s} (it is accepted only if all before it are), so k_i drafts are
+expected to add E_i(k_i) = sum_{t<=k_i} p_{i,t} accepted tokens to the one every request commits.
+Goodput = sum_i (1 + E_i(k_i)) / T(k), T from the cost model.
+
+One walk: every candidate token in order of its survival chance (a request's positions come in
+order, since p falls along them), the step's time updated as each is added, and the best prefix
+kept. The limits are constraints on that prefix: a token budget, a step-time cap (the TTFT of
+requests whose prefill ends in this step), and TPOT deadlines: request i stays on track when
+T <= D_i (1 + E_i(k_i)), D_i being what its remaining budget allows per committed token
+(faser.spec_decode.slo). When no prefix keeps every limit, the one that comes closest wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from faser.spec_decode.cost_model import CostModel
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    token_budget: int | None = None  # target rows still free for draft tokens
+    max_step_time_s: float | None = None
+    tpot_deadlines_s: tuple[float | None, ...] | None = None  # per request; None: no target
+
+
+NO_LIMITS = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    ks: tuple[int, ...]
+    expected_accepted: tuple[float, ...]  # E_i(k_i)
+    step_time_s: float
+    goodput: float  # committed tokens per second
+    baseline_goodput: float  # with k = 0 for everyone
+    meets_limits: bool = True
+
+    @property
+    def speculates(self) -> bool:
+        return any(self.ks)
+
+
+def survival(acceptance: Sequence[float]) -> list[float]:
+    """p_t = prod_{s<=t} a_s."""
+    out, p = [], 1.0
+    for a in acceptance:
+        p *= min(1.0, max(0.0, a))
+        out.append(p)
+    return out
+
+
+def choose_k(
+    acceptance: Sequence[Sequence[float]],
+    cost: CostModel,
+    num_prefill_tokens: int = 0,
+    limits: Limits = NO_LIMITS,
+    *,
+    drafted: bool = False,
+) -> Choice:
+    """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
+    (trimming), so only their verification costs. With TPOT deadlines a second walk takes the
+    tokens of the requests with the tightest deadlines first: the walk by survival alone treats
+    alike requests alike, and no prefix of it may keep the deadline of one that is behind."""
+    probs = [survival(a) for a in acceptance]
+    n = len(probs)
+    if limits.tpot_deadlines_s is not None and len(limits.tpot_deadlines_s) != n:
+        raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
+    candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
+    orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]
+    base = _Step(cost, n, num_prefill_tokens, drafted)
+    deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
+    if deadlines:
+        tightness = {i: d for i, d in deadlines}
+        orders.append(sorted(candidates, key=lambda c: (tightness.get(c[2], math.inf), -c[0])))
+    budget = len(candidates) if limits.token_budget is None else max(0, limits.token_budget)
+    walks = [_walk(order[:budget], probs, base.copy(), limits, deadlines) for order in orders]
+    best = max(walks, key=lambda w: (w.margin >= 1.0, w.goodput if w.margin >= 1.0 else w.margin))
+    ks = [0] * n
+    for _, _, i in best.taken:
+        ks[i] += 1
+    expected = tuple(sum(p[:k]) for p, k in zip(probs, ks, strict=True))
+    goodput = (n + sum(expected)) / best.time_s if best.time_s > 0 else 0.0
+    baseline = n / base.total() if n else 0.0
+    return Choice(tuple(ks), expected, best.time_s, goodput, baseline, best.margin >= 1.0)
+
+
+class _Walk(NamedTuple):
+    taken: list[tuple[float, int, int]]  # the best prefix of the order
+    goodput: float
+    margin: float  # >= 1: every limit kept
+    time_s: float
+
+
+def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
+    """The best prefix of `order`: the best goodput among those that keep every limit, else the
+    one that comes closest."""
+    n = len(probs)
+    gains, gained = [0.0] * n, 0.0
+    remaining = sum(p for p, _, _ in order)
+    time_s = step.total()
+    best = _Walk([], n / time_s if time_s > 0 else 0.0, _margin(limits, deadlines, gains, time_s),
+                 time_s)
+    best_len = 0
+    for length, (p, t, i) in enumerate(order, start=1):
+        if best.margin >= 1.0 and (n + gained + remaining) <= best.goodput * step.total():
+            break  # times only grow: not even every remaining token at today's cost would win
+        step.add(t)
+        gains[i] += p
+        gained += p
+        remaining -= p
+        time_s = step.total()
+        margin = _margin(limits, deadlines, gains, time_s)
+        goodput = (n + gained) / time_s
+        if margin >= 1.0:
+            better = best.margin < 1.0 or goodput > best.goodput * (1.0 + 1e-9)
+        else:
+            better = margin > best.margin
+        if better:
+            best, best_len = _Walk([], goodput, margin, time_s), length
+    return best._replace(taken=order[:best_len])
+
+
+class _Step:
+    """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
+    over the requests with k_i > j; the target verifies every request's k_i + 1 rows and the
+    prefill in one forward."""
+
+    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "num_prefill", "rows")
+
+    def copy(self) -> _Step:
+        twin = _Step(self.cost, self.rows, self.num_prefill, self.drafted)
+        twin.draft_batches, twin.draft_s = list(self.draft_batches), self.draft_s
+        return twin
+
+    def __init__(self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool):
+        self.cost, self.drafted = cost, drafted
+        self.rows, self.num_prefill = num_requests, max(0, num_prefill)
+        self.draft_batches: list[int] = []
+        self.draft_s = 0.0
+
+    def add(self, position: int) -> None:
+        if position == len(self.draft_batches):
+            self.draft_batches.append(0)
+        b = self.draft_batches[position]
+        if not self.drafted:
+            self.draft_s += self.cost.draft_time(b + 1) - self.cost.draft_time(b)
+        self.draft_batches[position] = b + 1
+        self.rows += 1
+
+    def total(self) -> float:
+        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill)
+
+
+def _savable(
+    deadlines: Sequence[float | None] | None, probs: list[list[float]], base_time_s: float
+) -> list[tuple[int, float]]:
+    """(request, deadline) of the TPOT deadlines worth keeping: one that not even the request's
+    own full speculation at the step's plainest cost could meet is past saving this step, and
+    holding everyone to it would only slow them all."""
+    if deadlines is None:
+        return []
+    return [
+        (i, d) for i, d in enumerate(deadlines)
+        if d is not None and d * (1.0 + sum(probs[i])) >= base_time_s
+    ]
+
+
+def _margin(
+    limits: Limits, deadlines: list[tuple[int, float]], gains: list[float], time_s: float
+) -> float:
+    """How many times over the tightest limit covers the step (>= 1: every limit kept)."""
+    if time_s <= 0:
+        return math.inf
+    margin = math.inf
+    if limits.max_step_time_s is not None:
+        margin = limits.max_step_time_s / time_s
+    for i, d in deadlines:
+        margin = min(margin, d * (1.0 + gains[i]) / time_s)
+    return margin
+
+
+def expected_verify_time(
+    ks: Sequence[int],
+    acceptance: Sequence[Sequence[float]],
+    frontier_size: int,
+    cost: CostModel,
+    num_prefill_tokens: int = 0,
+) -> float:
+    """Expected target seconds to verify `ks` in frontiers of `frontier_size` draft positions.
+
+    Frontier j feeds positions [j f, (j+1) f) of the requests still alive (all earlier positions
+    accepted), plus the bonus input in a request's last frontier; prefill rides in frontier 0.
+    A frontier runs only if some request is alive, so it costs P(any alive) * t(E[tokens | any])."""
+    if frontier_size < 1:
+        raise ValueError(f"frontier_size must be >= 1, got {frontier_size}")
+    probs = [survival(a[:k]) for a, k in zip(acceptance, ks, strict=True)]
+    num_frontiers = max(1, math.ceil(max(ks, default=0) / frontier_size))
+    total = 0.0
+    for j in range(num_frontiers):
+        start = j * frontier_size
+        tokens, p_none = (max(0, num_prefill_tokens) if j == 0 else 0.0), 1.0
+        for p, k in zip(probs, ks, strict=True):
+            if start > k or (start == k and j > 0):
+                continue
+            alive = 1.0 if start == 0 else p[start - 1]
+            last = start + frontier_size >= k
+            tokens += alive * (min(frontier_size, k - start) + int(last))
+            p_none *= 1.0 - alive
+        p_any = 1.0 - p_none if j > 0 else 1.0
+        if p_any > 1e-12:
+            total += p_any * cost.profile.target_time(tokens / p_any)
+    return total
+
+
+def choose_frontier_size(
+    ks: Sequence[int],
+    acceptance: Sequence[Sequence[float]],
+    cost: CostModel,
+    num_prefill_tokens: int = 0,
+) -> int | None:
+    """The frontier size with the least expected verify time; None for one frontier. Below the
+    knee every extra forward costs a whole step and pruning saves nothing: one frontier."""
+    max_k = max(ks, default=0)
+    num_tokens = sum(k + 1 for k in ks) + max(0, num_prefill_tokens)
+    if max_k <= 1 or num_tokens <= cost.profile.knee():
+        return None
+    best_f = max_k
+    best_time = expected_verify_time(ks, acceptance, max_k, cost, num_prefill_tokens)
+    for f in range(max_k - 1, 0, -1):
+        time_s = expected_verify_time(ks, acceptance, f, cost, num_prefill_tokens)
+        if time_s < best_time * (1.0 - 1e-9):
+            best_f, best_time = f, time_s
+    return None if best_f >= max_k else best_f

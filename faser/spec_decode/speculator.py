@@ -1,0 +1,277 @@
+"""One speculative step over the scheduled batch: plan -> propose -> trim -> verify -> observe.
+
+The speculator owns the policies (one per name in the batch: a request may override the engine's),
+the acceptance estimator they share, the cost model (profiled by the engine and handed in), the
+proposer, the verifier and, where the engine has lanes, the overlapped step. A step in which
+nobody drafts runs as policy `off` does: no draft forward, and while the faser controller is off,
+no planning and no target features kept."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from faser.config import SpecConfig
+from faser.outputs import SpecStats
+from faser.runner.block_manager import BlockManager
+from faser.runner.lanes import Lanes
+from faser.runner.model_runner import ModelRunner
+from faser.spec_decode.cost_model import CostModel, CostProfile
+from faser.spec_decode.estimator import AcceptanceEstimator
+from faser.spec_decode.overlap import OverlapStep
+from faser.spec_decode.planner import NO_LIMITS, Limits
+from faser.spec_decode.policy import FaserPolicy, LoadView, Policy, StepPlan, make_policy
+from faser.spec_decode.proposer import Proposal, Proposer
+from faser.spec_decode.request import SpecRequest
+from faser.spec_decode.slo import tpot_deadlines, ttft_step_limit
+from faser.spec_decode.trace import DecisionTrace
+from faser.spec_decode.verifier import Verdict, Verifier
+
+
+class Speculator:
+    def __init__(
+        self,
+        config: SpecConfig,
+        target: ModelRunner,
+        draft: ModelRunner | None,
+        token_map: torch.Tensor | None,
+        blocks: BlockManager,
+    ) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.estimator = AcceptanceEstimator(config.alpha_prior)
+        self.verifier = Verifier(target)
+        self.proposer = None
+        if draft is not None:
+            self.proposer = Proposer(draft, target.vocab_size, token_map, config.prompt_lookup,
+                                     self.estimator.calibrated)
+        self.overlap: OverlapStep | None = None  # set by use_lanes
+        self.cost: CostModel | None = None  # set by use_cost_profile
+        self._policies: dict[str, Policy] = {}
+        self._cluster_load = 0.0
+        self.mode = "off" if config.policy == "off" else "prune"
+        self.stats = SpecStats()
+        self.trace = DecisionTrace(config.trace_path)
+        self.num_steps = 0
+
+    @property
+    def has_draft(self) -> bool:
+        return self.proposer is not None
+
+    def use_cost_profile(self, profile: CostProfile) -> None:
+        """The measured step costs that the faser policies plan with."""
+        self.cost = CostModel(profile)
+        for name in [n for n, p in self._policies.items() if isinstance(p, FaserPolicy)]:
+            del self._policies[name]  # made again over the new costs
+
+    def use_lanes(self, lanes: Lanes | None) -> None:
+        """Two lanes on which the steps a faser plan marks `overlap` run the draft and the target
+        at once (faser/spec_decode/overlap.py); None keeps every step sequential. A feature draft
+        never overlaps: its next guesses need the features the target is still computing."""
+        if self.overlap is not None:
+            self.overlap.lanes.close()
+        self.overlap = None
+        if lanes is not None and self.proposer is not None:
+            if self.proposer.runner.reads_features:
+                lanes.close()
+            else:
+                self.overlap = OverlapStep(self.proposer, self.verifier, lanes)
+        self._policies.clear()
+
+    def policy(self, name: str) -> Policy:
+        if name not in self._policies:
+            config = replace(self.config, policy=name)
+            policy = make_policy(config, self.estimator, self.cost, self.overlap is not None)
+            if isinstance(policy, FaserPolicy):
+                policy.controller.cluster_load = self._cluster_load
+            self._policies[name] = policy
+        return self._policies[name]
+
+    @property
+    def cluster_load(self) -> float:
+        return self._cluster_load
+
+    @cluster_load.setter
+    def cluster_load(self, load: float) -> None:
+        """The router's fleet-wide load signal, handed to every mode controller."""
+        self._cluster_load = max(0.0, float(load))
+        for policy in self._policies.values():
+            if isinstance(policy, FaserPolicy):
+                policy.controller.cluster_load = self._cluster_load
+
+    def run(
+        self, decodes: list[SpecRequest], prefills: list[tuple[SpecRequest, int]], load: LoadView
+    ) -> tuple[list[Verdict], list[int | None]]:
+        start = time.perf_counter()
+        limits = self._limits(decodes, prefills, start)
+        plans = {name: self._plan(name, decodes, load, limits) for name in _names(decodes)}
+        max_k = self._fit(decodes, plans, load.token_budget)
+        frontier = self.config.frontier_size or min(
+            (p.frontier_size for p in plans.values() if p.frontier_size), default=None)
+        overlapped = self.overlap is not None and any(max_k) and any(
+            p.overlap for p in plans.values())
+        if overlapped:
+            proposal, verdicts, prefill_tokens = self.overlap.run(
+                decodes, prefills, max_k, frontier, self._stop(plans), self._reserve,
+                self._draft_budget(decodes, prefills, max_k, frontier),
+            )
+        else:
+            proposal, verdicts, prefill_tokens = self._sequential(
+                decodes, prefills, max_k, frontier, plans, load, limits
+            )
+        self._observe(decodes, proposal, verdicts)
+        ks = [len(d) for d in proposal.draft_token_ids]
+        self._record(plans, ks, verdicts, frontier, time.perf_counter() - start, limits)
+        return verdicts, prefill_tokens
+
+    def _sequential(self, decodes, prefills, max_k, frontier, plans, load, limits):
+        """Draft, trim, then verify; each phase's time teaches the cost model (a decode-only
+        step in one frontier: a prefill's or several frontiers' time is priced apart)."""
+        if self.overlap is not None:
+            self.overlap.forget()
+        proposal, draft_s = Proposal.empty(len(decodes)), 0.0
+        if any(max_k):
+            begin = time.perf_counter()
+            proposal = self.proposer.propose(decodes, max_k, self._stop(plans))
+            draft_s = time.perf_counter() - begin
+            proposal.truncate(self._trim(decodes, proposal, plans, load, limits))
+        keep = [plans[s.spec_state.policy].mode != "off" for s in decodes]
+        begin = time.perf_counter()
+        verdicts, prefill_tokens = self.verifier.verify(
+            decodes, proposal, prefills, frontier, keep_features=keep
+        )
+        verify_s = time.perf_counter() - begin
+        if self.cost is not None and not prefills and frontier is None:
+            ks = [len(d) for d in proposal.draft_token_ids]
+            self.cost.observe(len(decodes), ks, draft_s, verify_s)
+        return proposal, verdicts, prefill_tokens
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _plan(self, name: str, decodes, load: LoadView, limits: Limits) -> StepPlan:
+        policy = self.policy(name)
+        group = [s.spec_state for s in decodes if s.spec_state.policy == name]
+        plan = policy.plan(group, load, self._group_limits(name, decodes, limits))
+        if name == self.config.policy:
+            self.mode = plan.mode
+        return plan
+
+    def _limits(self, decodes, prefills, now: float) -> Limits:
+        """The SLO's step limits over the whole batch: the TTFT of the prefills ending in this
+        step, the TPOT deadline of every decoding request that has one."""
+        deadlines = tpot_deadlines(decodes, now)
+        return Limits(
+            max_step_time_s=ttft_step_limit(prefills, now),
+            tpot_deadlines_s=tuple(deadlines) if any(d is not None for d in deadlines) else None,
+        )
+
+    @staticmethod
+    def _group_limits(name: str, decodes, limits: Limits) -> Limits:
+        if limits == NO_LIMITS:
+            return limits
+        deadlines = limits.tpot_deadlines_s
+        if deadlines is not None:
+            group = [d for s, d in zip(decodes, deadlines, strict=True)
+                     if s.spec_state.policy == name]
+            deadlines = tuple(group) if any(d is not None for d in group) else None
+        return Limits(None, limits.max_step_time_s, deadlines)
+
+    def _fit(self, decodes, plans: dict[str, StepPlan], budget: int) -> list[int]:
+        """Caps each request's k by its plan, the token budget and the free KV blocks (never
+        preempting anyone for speculation)."""
+        cursors = {name: iter(plan.max_k) for name, plan in plans.items()}
+        max_k = []
+        for seq in decodes:
+            k = min(next(cursors[seq.spec_state.policy]), seq.spec_state.max_k, budget)
+            if k > 0 and (self.proposer is None or not self._reserve(seq, seq.num_tokens + k)):
+                k = 0
+            budget -= k
+            max_k.append(k)
+        return max_k
+
+    def _reserve(self, seq: SpecRequest, num_slots: int) -> bool:
+        return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)
+
+    def _stop(self, plans: dict[str, StepPlan]) -> float | None:
+        """The draft's own stop rule (a line whose cumulative confidence fell below the
+        threshold is cut while drafting) for the policies that trim by confidence."""
+        faser = any(isinstance(self.policy(name), FaserPolicy) for name in plans)
+        return self.config.draft_stop_confidence if faser else None
+
+    def _trim(self, decodes, proposal: Proposal, plans, load: LoadView, limits: Limits):
+        ks = [len(d) for d in proposal.draft_token_ids]
+        for name, plan in plans.items():
+            rows = [i for i, s in enumerate(decodes) if s.spec_state.policy == name]
+            states = [decodes[i].spec_state for i in rows]
+            confidences = [proposal.confidences[i] for i in rows]
+            trimmed = self.policy(name).trim(
+                plan, states, confidences, load, self._group_limits(name, decodes, limits)
+            )
+            for i, k in zip(rows, trimmed, strict=True):
+                ks[i] = min(ks[i], max(0, k))
+        return ks
+
+    def _draft_budget(self, decodes, prefills, max_k: list[int], frontier) -> int | None:
+        """Draft forwards that fit in one target forward of this step, by the cost model."""
+        if self.cost is None:
+            return None
+        size = frontier or max(max_k) + 1
+        tokens = sum(min(size, k + 1) for k in max_k) + sum(n for _, n in prefills)
+        profile = self.cost.profile
+        draft_s = profile.draft_time(len(decodes))
+        return max(1, int(profile.target_time(tokens) / draft_s)) if draft_s > 0 else None
+
+    # -- after verification -------------------------------------------------------------------
+
+    def _observe(self, decodes, proposal: Proposal, verdicts: list[Verdict]) -> None:
+        rows = zip(decodes, proposal.draft_token_ids, proposal.confidences, verdicts, strict=True)
+        for row, (seq, drafted, confidences, verdict) in enumerate(rows):
+            k = len(drafted)
+            for stats in (seq.stats, self.stats):
+                stats.num_steps += 1
+                stats.num_drafts += int(k > 0)
+                stats.num_draft_tokens += k
+                stats.num_accepted_tokens += verdict.num_accepted
+                stats.num_pruned_positions += verdict.num_pruned
+            self.stats.count_step(k, verdict.num_accepted)
+            if k == 0:
+                continue
+            looked_up = proposal.looked_up[row] if proposal.looked_up else ()
+            # sampled requests' confidences are on another scale: they do not calibrate
+            self.estimator.observe(seq.spec_state, confidences[:k], verdict.num_accepted,
+                                   looked_up, calibrate=seq.params.greedy)
+            self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
+
+    def _record(self, plans, ks: list[int], verdicts, frontier, elapsed: float,
+                limits: Limits) -> None:
+        self.num_steps += 1
+        if not self.trace.enabled or not verdicts:
+            return
+        name = self.config.policy if self.config.policy in plans else next(iter(plans))
+        plan = plans[name]
+        choice = plan.choice
+        slo = {}
+        if limits != NO_LIMITS:
+            slo = {
+                "slo_max_step_time_s": limits.max_step_time_s,
+                "slo_tpot_deadlines_s": limits.tpot_deadlines_s,
+                "slo_met_predicted": choice.meets_limits if choice else None,
+            }
+        self.trace.record(
+            self.num_steps, plan.mode, ks, frontier,
+            predicted_accepted=list(choice.expected_accepted) if choice else None,
+            realised_accepted=[v.num_accepted for v in verdicts],
+            predicted_time_s=choice.step_time_s if choice else None,
+            measured_time_s=elapsed,
+            planned_k=list(plan.max_k),
+            cluster_load=self._cluster_load,
+            policy=name,
+            per_row_s=self.cost.per_row_s if self.cost else None,
+            **slo,
+        )
+
+
+def _names(decodes: list[SpecRequest]) -> list[str]:
+    return list(dict.fromkeys(s.spec_state.policy for s in decodes))
