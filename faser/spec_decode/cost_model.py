@@ -37,7 +37,9 @@ PROFILE_VERSION = 4
 # The knee: the first doubling of the tokens that costs sqrt(2) times as much (where the growing
 # part of t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
-CORRECTION_EMA = 0.05  # weight of the newest step in the correction: steps are noisy
+# weights of the newest step in the corrections: timing noise only ever slows a step down, so they
+# fall fast and rise slowly, following a step's quick end as the profile's lower envelope does
+CORRECTION_DOWN, CORRECTION_UP = 0.2, 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,14 +139,18 @@ class CostModel:
             self._warm.add(shape)
             return
         self.num_observed += 1
-        weight = max(CORRECTION_EMA, 1.0 / self.num_observed)
         residual = (verify_s - self.profile.target_time(rows)) / rows
-        self.per_row_s = max(0.0, self.per_row_s + weight * (residual - self.per_row_s))
+        self.per_row_s = max(0.0, _follow(self.per_row_s, residual, self.num_observed))
         bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
         if bare > 0:
             self.num_drafted += 1
-            weight = max(CORRECTION_EMA, 1.0 / self.num_drafted)
-            self.draft_scale += weight * (draft_s / bare - self.draft_scale)
+            self.draft_scale = _follow(self.draft_scale, draft_s / bare, self.num_drafted)
+
+
+def _follow(estimate: float, sample: float, num_samples: int) -> float:
+    """The correction moved toward `sample`: the mean of the first few, then an asymmetric EMA."""
+    weight = CORRECTION_DOWN if sample < estimate else CORRECTION_UP
+    return estimate + max(weight, 1.0 / num_samples) * (sample - estimate)
 
 
 def profile(
