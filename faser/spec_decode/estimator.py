@@ -2,11 +2,13 @@
 
 Before drafting, each of request i's next tokens is accepted with its rate alpha_i: its own
 verified trials, decayed so that the text it writes now counts most, plus the population's rate
-as a prior worth PRIOR_TRIALS trials. The population's rate is learned the same way over every
-request and starts at the configured prior. After drafting, token t's chance blends alpha_i with
-the draft's calibrated confidence in it: how often tokens drafted with that confidence were
-accepted, over all requests (a small draft is unsure of tokens the target still takes, so its raw
-probability is no acceptance rate).
+as a prior worth PRIOR_TRIALS trials. Its trials age with every engine step, drafted or not: a
+request whose estimate fell below what pays is not measured again until it drafts, so without
+ageing a run of rejections would switch it off for good. The population's rate is learned the
+same way over every request and starts at the configured prior. After drafting, token t's chance
+blends alpha_i with the draft's calibrated confidence in it: how often tokens drafted with that
+confidence were accepted, over all requests (a small draft is unsure of tokens the target still
+takes, so its raw probability is no acceptance rate).
 
 A step's verification is a run of Bernoulli trials that stops at the first rejection: the
 positions before it were accepted, the rejected one was not, those after it were never judged.
@@ -22,7 +24,7 @@ from faser.spec_decode.state import SpecState
 NUM_BINS = 10  # confidence bins of the calibration
 BIN_PRIOR_TRIALS = 4.0  # pseudo-trials at q itself, so that an unseen bin answers q
 PRIOR_TRIALS = 8.0  # the population's rate, in a request's estimate, counts as this many trials
-DECAY = 0.95  # per verified step of a request, of its earlier trials
+DECAY = 0.95  # per engine step, of a request's earlier trials
 POPULATION_DECAY = 0.995  # per verified step of any request, of the population's trials
 CONFIDENCE_WEIGHT = 0.5  # of the calibrated confidence against alpha_i, after drafting
 
@@ -34,6 +36,11 @@ class AcceptanceEstimator:
         self._population = [prior * PRIOR_TRIALS, PRIOR_TRIALS]  # accepted, trials
         self._bins_accepted = [0.0] * NUM_BINS
         self._bins_trials = [0.0] * NUM_BINS
+        self.num_steps = 0
+
+    def tick(self) -> None:
+        """One engine step passed: every request's evidence ages by DECAY (read lazily)."""
+        self.num_steps += 1
 
     @property
     def prior(self) -> float:
@@ -42,7 +49,9 @@ class AcceptanceEstimator:
         return accepted / trials
 
     def alpha(self, state: SpecState) -> float:
-        return (state.accepted + PRIOR_TRIALS * self.prior) / (state.trials + PRIOR_TRIALS)
+        aged = DECAY ** (self.num_steps - state.observed_at)
+        prior = PRIOR_TRIALS * self.prior
+        return (aged * state.accepted + prior) / (aged * state.trials + PRIOR_TRIALS)
 
     def before_draft(self, state: SpecState, k: int) -> list[float]:
         """Acceptance chances of request `state`'s next k draft tokens."""
@@ -75,8 +84,10 @@ class AcceptanceEstimator:
         if k == 0:
             return
         trials = num_accepted + int(num_accepted < k)
-        state.accepted = DECAY * state.accepted + num_accepted
-        state.trials = DECAY * state.trials + trials
+        aged = DECAY ** (self.num_steps - state.observed_at)
+        state.accepted = aged * state.accepted + num_accepted
+        state.trials = aged * state.trials + trials
+        state.observed_at = self.num_steps
         pop = self._population
         pop[0] = POPULATION_DECAY * pop[0] + num_accepted
         pop[1] = POPULATION_DECAY * pop[1] + trials

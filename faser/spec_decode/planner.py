@@ -64,9 +64,12 @@ def choose_k(
     limits: Limits = NO_LIMITS,
     *,
     drafted: bool = False,
+    draft_lags: Sequence[int] = (),
 ) -> Choice:
     """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
-    (trimming), so only their verification costs. With TPOT deadlines a second walk takes the
+    (trimming), so only their verification costs. `draft_lags[i]`: the tokens request i's draft
+    must read before its first guess (1 when it drafted last step; more after steps without),
+    which its first draft token pays for. With TPOT deadlines a second walk takes the
     tokens of the requests with the tightest deadlines first: the walk by survival alone treats
     alike requests alike, and no prefix of it may keep the deadline of one that is behind."""
     probs = [survival(a) for a in acceptance]
@@ -75,7 +78,7 @@ def choose_k(
         raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
     candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
     orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]
-    base = _Step(cost, n, num_prefill_tokens, drafted)
+    base = _Step(cost, n, num_prefill_tokens, drafted, draft_lags)
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
     if deadlines:
         tightness = {i: d for i, d in deadlines}
@@ -112,7 +115,7 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
     for length, (p, t, i) in enumerate(order, start=1):
         if best.margin >= 1.0 and (n + gained + remaining) <= best.goodput * step.total():
             break  # times only grow: not even every remaining token at today's cost would win
-        step.add(t)
+        step.add(t, i)
         gains[i] += p
         gained += p
         remaining -= p
@@ -130,29 +133,34 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
 
 class _Step:
     """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
-    over the requests with k_i > j; the target verifies every request's k_i + 1 rows and the
+    over the requests with k_i > j (the first over every token their drafts still have to read,
+    priced as that many one-token rows); the target verifies every request's k_i + 1 rows and the
     prefill in one forward."""
 
-    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "num_prefill", "rows")
+    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill", "rows")
 
     def copy(self) -> _Step:
-        twin = _Step(self.cost, self.rows, self.num_prefill, self.drafted)
+        twin = _Step(self.cost, self.rows, self.num_prefill, self.drafted, self.lags)
         twin.draft_batches, twin.draft_s = list(self.draft_batches), self.draft_s
         return twin
 
-    def __init__(self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool):
-        self.cost, self.drafted = cost, drafted
+    def __init__(
+        self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool,
+        lags: Sequence[int] = (),
+    ) -> None:
+        self.cost, self.drafted, self.lags = cost, drafted, lags
         self.rows, self.num_prefill = num_requests, max(0, num_prefill)
         self.draft_batches: list[int] = []
         self.draft_s = 0.0
 
-    def add(self, position: int) -> None:
+    def add(self, position: int, request: int) -> None:
         if position == len(self.draft_batches):
             self.draft_batches.append(0)
         b = self.draft_batches[position]
+        fed = max(1, self.lags[request]) if position == 0 and request < len(self.lags) else 1
         if not self.drafted:
-            self.draft_s += self.cost.draft_time(b + 1) - self.cost.draft_time(b)
-        self.draft_batches[position] = b + 1
+            self.draft_s += self.cost.draft_time(b + fed) - self.cost.draft_time(b)
+        self.draft_batches[position] = b + fed
         self.rows += 1
 
     def total(self) -> float:

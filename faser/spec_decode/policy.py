@@ -63,8 +63,14 @@ class Policy(ABC):
         self.estimator = estimator
 
     @abstractmethod
-    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS) -> StepPlan:
-        ...
+    def plan(
+        self,
+        states: list[SpecState],
+        load: LoadView,
+        limits: Limits = NO_LIMITS,
+        draft_lags: Sequence[int] = (),
+    ) -> StepPlan:
+        """`draft_lags[i]`: the tokens request i's draft must read before its next guess."""
 
     def trim(
         self,
@@ -85,14 +91,26 @@ class Policy(ABC):
 class OffPolicy(Policy):
     name = "off"
 
-    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS) -> StepPlan:
+    def plan(
+        self,
+        states: list[SpecState],
+        load: LoadView,
+        limits: Limits = NO_LIMITS,
+        draft_lags: Sequence[int] = (),
+    ) -> StepPlan:
         return StepPlan(max_k=(0,) * len(states), mode="off")
 
 
 class StaticPolicy(Policy):
     """A k per request from `k_for`, cut to the token budget; one frontier."""
 
-    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS) -> StepPlan:
+    def plan(
+        self,
+        states: list[SpecState],
+        load: LoadView,
+        limits: Limits = NO_LIMITS,
+        draft_lags: Sequence[int] = (),
+    ) -> StepPlan:
         budget = load.token_budget
         if limits.token_budget is not None:
             budget = min(budget, limits.token_budget)
@@ -156,7 +174,13 @@ class FaserPolicy(Policy):
         self.cost = cost
         self.controller = ModeController(can_overlap and self.allow_overlap)
 
-    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS) -> StepPlan:
+    def plan(
+        self,
+        states: list[SpecState],
+        load: LoadView,
+        limits: Limits = NO_LIMITS,
+        draft_lags: Sequence[int] = (),
+    ) -> StepPlan:
         if not states or self.controller.stays_off(len(states)):
             return StepPlan(max_k=(0,) * len(states), mode="off")
         cap = self.controller.cap(self.config.max_k)
@@ -165,7 +189,8 @@ class FaserPolicy(Policy):
         if limits.token_budget is not None:
             budget = min(budget, limits.token_budget)
         limits = Limits(budget, limits.max_step_time_s, limits.tpot_deadlines_s)
-        choice = choose_k(acceptance, self.cost, load.num_prefill_tokens, limits)
+        choice = choose_k(acceptance, self.cost, load.num_prefill_tokens, limits,
+                          draft_lags=draft_lags)
         mode = self.controller.update(choice.ks, load.num_prefill_tokens, self.cost.profile.knee())
         frontier = None
         if self.allow_prune and mode == "prune":

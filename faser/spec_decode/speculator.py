@@ -105,6 +105,7 @@ class Speculator:
         self, decodes: list[SpecRequest], prefills: list[tuple[SpecRequest, int]], load: LoadView
     ) -> tuple[list[Verdict], list[int | None]]:
         start = time.perf_counter()
+        self.estimator.tick()
         limits = self._limits(decodes, prefills, start)
         plans = {name: self._plan(name, decodes, load, limits) for name in _names(decodes)}
         max_k = self._fit(decodes, plans, load.token_budget)
@@ -152,8 +153,10 @@ class Speculator:
 
     def _plan(self, name: str, decodes, load: LoadView, limits: Limits) -> StepPlan:
         policy = self.policy(name)
-        group = [s.spec_state for s in decodes if s.spec_state.policy == name]
-        plan = policy.plan(group, load, self._group_limits(name, decodes, limits))
+        group = [s for s in decodes if s.spec_state.policy == name]
+        lags = [s.num_tokens - s.num_draft_cached for s in group]
+        plan = policy.plan([s.spec_state for s in group], load,
+                           self._group_limits(name, decodes, limits), lags)
         if name == self.config.policy:
             self.mode = plan.mode
         return plan

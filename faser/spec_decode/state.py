@@ -14,5 +14,6 @@ class SpecState:
     max_k: int  # the request's cap on k
     accepted: float = 0.0  # its verified trials, decayed: accepted ones
     trials: float = 0.0  # and all of them
+    observed_at: int = 0  # the estimator's step when they were last updated
     k: int = 0  # the current k of stateful policies (heuristic)
     slo: Slo | None = None  # the request's TTFT / TPOT targets, if it has any

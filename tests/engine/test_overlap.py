@@ -41,8 +41,8 @@ def static_plans_overlap(monkeypatch):
     overlap themselves, where it pays)."""
     plan = StaticPolicy.plan
 
-    def overlapping(self, states, load, limits=NO_LIMITS):
-        chosen = plan(self, states, load, limits)
+    def overlapping(self, states, load, limits=NO_LIMITS, draft_lags=()):
+        chosen = plan(self, states, load, limits, draft_lags)
         return replace(chosen, mode="overlap") if any(chosen.max_k) else chosen
 
     monkeypatch.setattr(StaticPolicy, "plan", overlapping)

@@ -70,9 +70,23 @@ def test_earlier_trials_decay():
     state = fresh()
     estimator = AcceptanceEstimator(0.5)
     estimator.observe(state, [0.5] * 4, 4)
+    estimator.tick()  # the next engine step
     estimator.observe(state, [0.5] * 4, 0)
     assert state.accepted == pytest.approx(DECAY * 4)
     assert state.trials == pytest.approx(DECAY * 4 + 1)
+
+
+def test_a_request_that_stopped_drafting_ages_back_to_the_prior():
+    """Its estimate is not measured while it does not draft: without ageing, a run of
+    rejections would keep it below what pays for good."""
+    estimator, unlucky = AcceptanceEstimator(0.5), fresh()
+    for _ in range(5):
+        estimator.observe(unlucky, [0.5], 0)
+        estimator.tick()
+    assert estimator.alpha(unlucky) < 0.4
+    for _ in range(100):
+        estimator.tick()
+    assert estimator.alpha(unlucky) == pytest.approx(estimator.prior, abs=0.01)
 
 
 def test_recent_steps_count_most():
@@ -83,6 +97,7 @@ def test_recent_steps_count_most():
     for good in [False] * 20 + [True] * 20:
         estimator.observe(recovering, [0.5] * 2, 2 if good else 0)
         estimator.observe(failing, [0.5] * 2, 0 if good else 2)
+        estimator.tick()
     assert estimator.alpha(recovering) > estimator.alpha(failing) + 0.3
 
 

@@ -269,3 +269,13 @@ def test_frontiers_pay_off_when_compute_bound():
     cost = CostModel(linear(0.001, 0.001))
     assert cost.profile.knee() == 1.0
     assert choose_frontier_size([4], [[0.5] * 4], cost) == 1
+
+
+def test_a_draft_that_must_first_catch_up_pays_for_it():
+    """After steps without drafting, a request's draft first reads every token it missed: its
+    first draft token costs a draft forward over all of them, which can price it out."""
+    cost = CostModel(linear(0.010, 0.0001, draft_s=0.0005))
+    acceptance = [[0.7] * 2] * 4
+    assert choose_k(acceptance, cost).speculates
+    assert choose_k(acceptance, cost, draft_lags=[1] * 4) == choose_k(acceptance, cost)
+    assert not choose_k(acceptance, cost, draft_lags=[400] * 4).speculates
