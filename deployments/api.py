@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from deployments.access import Access, install
 from deployments.openai_schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -53,6 +54,9 @@ ENGINE_FAILED = ErrorInfo(
 )
 
 
+OPEN = Access()
+
+
 class QueueFull(Exception):
     """The engine replicas' queues are full: answer 503 with Retry-After."""
 
@@ -84,8 +88,11 @@ def validation_error_response(exc: ValidationError) -> JSONResponse:
     return error_response(400, message, "invalid_request_error", param)
 
 
-def build_openai_app(client: EngineClient, retry_after_s: int = 1) -> FastAPI:
+def build_openai_app(
+    client: EngineClient, retry_after_s: int = 1, access: Access = OPEN
+) -> FastAPI:
     app = FastAPI(title="FASER serve", docs_url=None, redoc_url=None)
+    install(app, access)
     handler = _Handler(client, retry_after_s)
 
     @app.get("/health")

@@ -39,7 +39,7 @@ def build_app(args: AppArgs | dict[str, Any] | None = None) -> Application:
         ray_actor_options={"num_cpus": 0},
     )
     engine_app = engine.bind(args.model_dump())
-    return ingress.bind(engine_app, args.retry_after_s)
+    return ingress.bind(engine_app, args.retry_after_s, args.api_keys, args.max_body_bytes)
 
 
 def _router_config(args: AppArgs) -> RequestRouterConfig:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from deployments.access import MAX_BODY_BYTES
 from faser.config import EngineConfig, SpecConfig, parse_policy
 
 
@@ -65,6 +66,11 @@ class AppArgs(BaseModel):
     routing_stats_period_s: float = Field(default=0.5, gt=0)
     ingress_replicas: int = Field(default=1, ge=1)
 
+    # access: Bearer keys (None: the FASER_API_KEYS environment variable; none: open) and the
+    # largest request body accepted
+    api_keys: list[str] | None = None
+    max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
+
     @field_validator("num_replicas", mode="before")
     @classmethod
     def _replicas_from_text(cls, value: Any) -> Any:
@@ -73,6 +79,11 @@ class AppArgs(BaseModel):
                 raise ValueError("num_replicas must be a positive integer or 'auto'")
             return int(value)
         return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _keys_from_text(cls, value: Any) -> Any:
+        return value.split(",") if isinstance(value, str) else value
 
     @field_validator("policy")
     @classmethod

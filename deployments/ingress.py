@@ -12,6 +12,7 @@ from ray import serve
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
+from deployments.access import MAX_BODY_BYTES, Access
 from deployments.api import QueueFull, build_openai_app
 from deployments.router import CLUSTER_LOAD_KWARG
 from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
@@ -74,9 +75,17 @@ class LocalEngineClient:
 
 @serve.ingress()
 class OpenAIIngress:
-    def __init__(self, engine: DeploymentHandle, retry_after_s: int = 1) -> None:
+    def __init__(
+        self,
+        engine: DeploymentHandle,
+        retry_after_s: int = 1,
+        api_keys: list[str] | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         self.client = RayEngineClient(engine)
         self.retry_after_s = retry_after_s
+        # read here, in the replica: FASER_API_KEYS is the replica's environment
+        self.access = Access.from_settings(api_keys, max_body_bytes)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return build_openai_app(self.client, self.retry_after_s)
+        return build_openai_app(self.client, self.retry_after_s, self.access)
