@@ -6,7 +6,7 @@ the last segment. The profile is measured once per model, device, dtype and thre
 engine's `prepare()`) and cached as JSON, so a restart costs no profiling.
 
 A served step also samples, scores and attends over each request's whole context, which the
-profile's bare short-context forwards do not: `CostModel` corrects each curve by what the served
+profile's bare short-context forwards do not: `CostModel` scales each curve by what the served
 steps' own phases measured (drafting, and verification), from the steps that ran without a
 prefill chunk. A shape's first step is left out: a kernel's first call at a size plans and
 allocates, and that one step priced draft tokens so dear that speculation stopped for good.
@@ -102,17 +102,18 @@ class CostProfile:
 
 
 class CostModel:
-    """The profile, corrected by what served steps measured: `draft_scale` times the profiled
-    drafting (a served draft step also samples, scores its confidence and looks up the prompt),
-    and `per_row_s` beyond the profiled verification per decode row (each row also samples and
-    attends over its request's whole context)."""
+    """The profile, each phase scaled by what served steps measured: `draft_scale` times the
+    profiled drafting (a served draft step also samples, scores its confidence and looks up the
+    prompt), `target_scale` times the profiled verification (a served one also samples and attends
+    over whole contexts, and the machine may run slower than when the profile was taken). Scales,
+    not offsets: a per-row offset learned at one request charged a draft token as much as a whole
+    request's row, while the profile's own curve knows what one more row costs."""
 
-    __slots__ = ("_warm", "draft_scale", "num_drafted", "num_observed", "per_row_s", "profile")
+    __slots__ = ("_warm", "draft_scale", "num_drafted", "num_observed", "profile", "target_scale")
 
     def __init__(self, profile: CostProfile) -> None:
         self.profile = profile
-        self.draft_scale = 1.0
-        self.per_row_s = 0.0
+        self.draft_scale = self.target_scale = 1.0
         self.num_observed = 0
         self.num_drafted = 0  # of them, steps that drafted
         self._warm: set[tuple[int, int]] = set()
@@ -120,8 +121,8 @@ class CostModel:
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
 
-    def verify_time(self, num_rows: int, num_prefill_tokens: int = 0) -> float:
-        return self.profile.target_time(num_rows + num_prefill_tokens) + self.per_row_s * num_rows
+    def verify_time(self, num_rows: float, num_prefill_tokens: int = 0) -> float:
+        return self.target_scale * self.profile.target_time(num_rows + num_prefill_tokens)
 
     def step_time(self, num_requests: int, ks: Sequence[int], num_prefill_tokens: int = 0) -> float:
         """Predicted seconds of a sequential step: draft forwards, then one verification."""
@@ -139,8 +140,8 @@ class CostModel:
             self._warm.add(shape)
             return
         self.num_observed += 1
-        residual = (verify_s - self.profile.target_time(rows)) / rows
-        self.per_row_s = max(0.0, _follow(self.per_row_s, residual, self.num_observed))
+        ratio = verify_s / self.profile.target_time(rows)
+        self.target_scale = _follow(self.target_scale, ratio, self.num_observed)
         bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
         if bare > 0:
             self.num_drafted += 1

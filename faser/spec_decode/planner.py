@@ -64,14 +64,14 @@ def choose_k(
     limits: Limits = NO_LIMITS,
     *,
     drafted: bool = False,
-    draft_lags: Sequence[int] = (),
+    draft_lags: Sequence[float] = (),
 ) -> Choice:
     """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
-    (trimming), so only their verification costs. `draft_lags[i]`: the tokens request i's draft
-    must read before its first guess (1 when it drafted last step; more after steps without),
-    which its first draft token pays for. With TPOT deadlines a second walk takes the
-    tokens of the requests with the tightest deadlines first: the walk by survival alone treats
-    alike requests alike, and no prefix of it may keep the deadline of one that is behind."""
+    (trimming), so only their verification costs. `draft_lags[i]`: the draft rows request i's
+    first draft token pays for (1 when its draft is current; more while it must catch up). With
+    TPOT deadlines a second walk takes the tokens of the requests with the tightest deadlines
+    first: the walk by survival alone treats alike requests alike, and no prefix of it may keep
+    the deadline of one that is behind."""
     probs = [survival(a) for a in acceptance]
     n = len(probs)
     if limits.tpot_deadlines_s is not None and len(limits.tpot_deadlines_s) != n:
@@ -146,18 +146,18 @@ class _Step:
 
     def __init__(
         self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool,
-        lags: Sequence[int] = (),
+        lags: Sequence[float] = (),
     ) -> None:
         self.cost, self.drafted, self.lags = cost, drafted, lags
         self.rows, self.num_prefill = num_requests, max(0, num_prefill)
-        self.draft_batches: list[int] = []
+        self.draft_batches: list[float] = []
         self.draft_s = 0.0
 
     def add(self, position: int, request: int) -> None:
         if position == len(self.draft_batches):
-            self.draft_batches.append(0)
+            self.draft_batches.append(0.0)
         b = self.draft_batches[position]
-        fed = max(1, self.lags[request]) if position == 0 and request < len(self.lags) else 1
+        fed = max(1.0, self.lags[request]) if position == 0 and request < len(self.lags) else 1.0
         if not self.drafted:
             self.draft_s += self.cost.draft_time(b + fed) - self.cost.draft_time(b)
         self.draft_batches[position] = b + fed

@@ -68,9 +68,10 @@ class Policy(ABC):
         states: list[SpecState],
         load: LoadView,
         limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[int] = (),
+        draft_lags: Sequence[float] = (),
     ) -> StepPlan:
-        """`draft_lags[i]`: the tokens request i's draft must read before its next guess."""
+        """`draft_lags[i]`: the draft rows request i's first draft token pays for (see
+        faser.spec_decode.planner.choose_k)."""
 
     def trim(
         self,
@@ -96,7 +97,7 @@ class OffPolicy(Policy):
         states: list[SpecState],
         load: LoadView,
         limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[int] = (),
+        draft_lags: Sequence[float] = (),
     ) -> StepPlan:
         return StepPlan(max_k=(0,) * len(states), mode="off")
 
@@ -109,7 +110,7 @@ class StaticPolicy(Policy):
         states: list[SpecState],
         load: LoadView,
         limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[int] = (),
+        draft_lags: Sequence[float] = (),
     ) -> StepPlan:
         budget = load.token_budget
         if limits.token_budget is not None:
@@ -179,7 +180,7 @@ class FaserPolicy(Policy):
         states: list[SpecState],
         load: LoadView,
         limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[int] = (),
+        draft_lags: Sequence[float] = (),
     ) -> StepPlan:
         if not states or self.controller.stays_off(len(states)):
             return StepPlan(max_k=(0,) * len(states), mode="off")

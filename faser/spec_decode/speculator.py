@@ -154,7 +154,7 @@ class Speculator:
     def _plan(self, name: str, decodes, load: LoadView, limits: Limits) -> StepPlan:
         policy = self.policy(name)
         group = [s for s in decodes if s.spec_state.policy == name]
-        lags = [s.num_tokens - s.num_draft_cached for s in group]
+        lags = [_priced_lag(s) for s in group]
         plan = policy.plan([s.spec_state for s in group], load,
                            self._group_limits(name, decodes, limits), lags)
         if name == self.config.policy:
@@ -271,9 +271,19 @@ class Speculator:
             planned_k=list(plan.max_k),
             cluster_load=self._cluster_load,
             policy=name,
-            per_row_s=self.cost.per_row_s if self.cost else None,
+            target_scale=self.cost.target_scale if self.cost else None,
+            draft_scale=self.cost.draft_scale if self.cost else None,
             **slo,
         )
+
+
+def _priced_lag(seq: SpecRequest) -> float:
+    """The draft rows a request's next first draft token pays for: the token it drafts from, and
+    every token its draft missed (the prompt after a prefill, the steps it did not draft), spread
+    over the tokens the request has left, since the catch-up serves all of its later steps."""
+    missed = seq.num_tokens - seq.num_draft_cached - 1
+    left = max(1, seq.params.max_tokens - len(seq.output_token_ids))
+    return 1.0 + max(0, missed) / left
 
 
 def _names(decodes: list[SpecRequest]) -> list[str]:

@@ -31,7 +31,7 @@ PROFILES = [
 def free_drafting(cost: CostModel) -> CostModel:
     """The same target and correction with no draft profile: drafting costs nothing."""
     out = CostModel(dataclasses.replace(cost.profile, draft_points=(), draft_times=()))
-    out.per_row_s = cost.per_row_s
+    out.target_scale = cost.target_scale
     return out
 
 
@@ -79,7 +79,7 @@ def test_survival_is_the_running_product_clamped_to_a_probability():
 
 def test_the_choice_reports_its_own_prediction_consistently():
     cost = CostModel(COMPUTE_BOUND)
-    cost.per_row_s = 0.0001
+    cost.target_scale = 1.1
     acceptance = [[0.9] * 6, [0.6] * 6, [0.2] * 6]
     choice = choose_k(acceptance, cost, num_prefill_tokens=5)
     assert choice.speculates
@@ -161,13 +161,11 @@ def test_close_to_the_best_ks_when_drafting_costs():
 
 def test_drafted_tokens_cost_only_their_verification():
     cost = CostModel(COMPUTE_BOUND)
-    cost.per_row_s = 0.0002
+    cost.target_scale = 1.2
     acceptance = [[0.8] * 4, [0.8] * 4]
     choice = choose_k(acceptance, cost, 3, drafted=True)
     rows = 2 + sum(choice.ks)
-    assert choice.step_time_s == pytest.approx(
-        COMPUTE_BOUND.target_time(rows + 3) + 0.0002 * rows
-    )
+    assert choice.step_time_s == pytest.approx(1.2 * COMPUTE_BOUND.target_time(rows + 3))
 
 
 def test_drafts_that_would_not_pay_to_draft_may_pay_to_verify():
