@@ -59,10 +59,15 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_engine(args: argparse.Namespace, variant: str) -> LLM:
-    dtype, _, weight_format = variant.partition("-")
-    return LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
-               num_threads=args.threads, weight_format=weight_format or "auto",
-               dtype=DTYPES.get(dtype, dtype), max_num_seqs=32)
+    """DTYPE-LAYOUT, and a suffix `-unfused` for the layer-by-layer path where the layers would
+    otherwise run as one C call (faser_kernels.cpu_decoder)."""
+    dtype, _, weight_format = variant.removesuffix("-unfused").partition("-")
+    llm = LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
+              num_threads=args.threads, weight_format=weight_format or "auto",
+              dtype=DTYPES.get(dtype, dtype), max_num_seqs=32)
+    if variant.endswith("-unfused"):
+        llm.engine.pair.target.fused_layers = None
+    return llm
 
 
 def peer_prompts(path: Path, tokenizer, num: int) -> list[list[int]]:
@@ -189,7 +194,10 @@ def profile_table(args, engines, prompts, batch_sizes) -> list[dict]:
         for batch in batch_sizes:
             parts = profile_steps(e, prompts[:batch], min(args.max_tokens, 64))
             step = parts["step"]
-            rate = weight_bytes(e) / parts["gemm"] if batch == 1 else None
+            # the weights' streaming rate: of the GEMMs, or of the fused layers' whole call
+            # (norms and attention included, so a lower bound) where they run fused
+            streaming = parts["gemm"] + parts["fused layers"]
+            rate = weight_bytes(e) / streaming if batch == 1 else None
             rows.append([v, batch, step * 1e3, *(parts[p] / step for p in PARTS),
                          f"{rate / 1e9:.1f}" if rate else "-"])
             records.append({"table": "profile", "variant": v, "batch": batch,

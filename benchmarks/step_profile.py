@@ -1,7 +1,9 @@
 """Where an engine step's time goes: the target's linear layers (GEMMs, the head included), its
-attention (the cache writes included), its other layer ops, and everything outside the target's
-forward (the draft, sampling, scheduling, Python). Measured by timing those calls inside real
-steps, and set against the machine's read bandwidth (a sum over 1 GiB) for the weights' rate."""
+attention (the cache writes included), its other layer ops, its layers run as one C call where
+they are fused (faser_kernels.cpu_decoder: then the GEMMs counted are the head's alone), and
+everything outside the target's forward (the draft, sampling, scheduling, Python). Measured by
+timing those calls inside real steps, and set against the machine's read bandwidth (a sum over
+1 GiB) for the weights' rate."""
 
 from __future__ import annotations
 
@@ -16,8 +18,9 @@ from torch import nn
 from faser import LLM, SamplingParams
 from faser.layers.attention import PagedAttention
 from faser.runner.weights import RowInvariantLinear
+from faser_kernels.cpu_decoder import DecoderLayers
 
-PARTS = ("gemm", "attention", "other layer ops", "outside the forward")
+PARTS = ("gemm", "attention", "other layer ops", "fused layers", "outside the forward")
 
 
 def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -48,6 +51,7 @@ def profile_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[s
         (RowInvariantLinear, "forward", "gemm"),
         (nn.Linear, "forward", "gemm"),
         (PagedAttention, "forward", "attention"),
+        (DecoderLayers, "run", "fused layers"),
     ]
     with _timing(timers, spent), _timing([(type(engine.target), "forward_hidden", "target")],
                                          spent):
@@ -56,7 +60,8 @@ def profile_steps(llm: LLM, prompts: list[list[int]], max_tokens: int) -> dict[s
     parts = {
         "gemm": spent["gemm"],
         "attention": spent["attention"],
-        "other layer ops": target - spent["gemm"] - spent["attention"],
+        "other layer ops": target - spent["gemm"] - spent["attention"] - spent["fused layers"],
+        "fused layers": spent["fused layers"],
         "outside the forward": spent["step"] - target,
         "step": spent["step"],
     }

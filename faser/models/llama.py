@@ -13,7 +13,9 @@ from torch import nn
 from faser.layers.attention import AttentionMetadata, PagedAttention
 from faser.layers.norm import RMSNorm, rms_scale
 from faser.layers.rotary import Rope, RotaryEmbedding, apply_rotary
-from faser_kernels import cpu_ops
+from faser_kernels import cpu_decoder, cpu_ops
+from faser_kernels.backend import attention_backend
+from faser_kernels.cpu_linear import PackedWeight
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 RESCORED = 8  # leading candidates a row's bf16 head logits are recomputed for in float32
@@ -108,6 +110,7 @@ class LlamaForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.head_float32: torch.Tensor | None = None  # [out vocab, hidden]: keep_float32_head
+        self.fused_layers: cpu_decoder.DecoderLayers | None = None  # set by fuse_layers
 
     @property
     def num_kv_heads(self) -> int:
@@ -141,6 +144,30 @@ class LlamaForCausalLM(nn.Module):
         return self.run_layers(self.embed_tokens(input_ids), positions, kv_caches, meta,
                                feature_layers)
 
+    def fuse_layers(self) -> str | None:
+        """From now on, run the layers in one C call per forward (faser_kernels.cpu_decoder)
+        where they allow it; else returns why not, and they run one by one."""
+        reason = _unfusable(self)
+        if reason is not None or self.fused_layers is not None:
+            return reason
+        layers = [(layer.self_attn, layer.mlp) for layer in self.layers]
+        weights = {
+            "input_norm": [layer.input_layernorm.weight for layer in self.layers],
+            "qkv": [attn.qkv_proj.packed.data for attn, _ in layers],
+            "qkv_bias": [attn.qkv_proj.bias for attn, _ in layers],
+            "o": [attn.o_proj.packed.data for attn, _ in layers],
+            "post_norm": [layer.post_attention_layernorm.weight for layer in self.layers],
+            "gate_up": [mlp.gate_up_proj.packed.data for _, mlp in layers],
+            "down": [mlp.down_proj.packed.data for _, mlp in layers],
+        }
+        attn, cfg = self.layers[0].self_attn, self.config
+        shapes = cpu_decoder.LayerShapes(cfg.hidden_size, attn.num_heads, attn.num_kv_heads,
+                                         attn.head_dim, self.layers[0].mlp.intermediate_size,
+                                         self.layers[0].input_layernorm.eps)
+        self.fused_layers = cpu_decoder.DecoderLayers(shapes, weights,
+                                                      self.embed_tokens.weight.dtype)
+        return None
+
     def run_layers(
         self,
         hidden: torch.Tensor,  # [num_tokens, hidden]: the input embeddings
@@ -150,6 +177,8 @@ class LlamaForCausalLM(nn.Module):
         feature_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rope = self.rotary(positions)
+        if self.fused_layers is not None and cpu_ops.runs_on(hidden):
+            return self._run_fused(hidden, rope, kv_caches, meta, feature_layers)
         taken: dict[int, torch.Tensor] = {}
         residual = None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
@@ -160,6 +189,30 @@ class LlamaForCausalLM(nn.Module):
         if not feature_layers:
             return out, None
         taken[len(self.layers)] = out.to(hidden.dtype)
+        return out, torch.cat([taken[i] for i in feature_layers], dim=-1)
+
+    def _run_fused(
+        self, hidden: torch.Tensor, rope: Rope, kv_caches: KVCaches, meta: AttentionMetadata,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """run_layers in C calls: one per run of layers between the feature layers asked for."""
+        fused, num_layers = self.fused_layers, len(self.layers)
+        x = hidden.clone(memory_format=torch.contiguous_format)  # written in place
+        residual = torch.empty(x.shape, dtype=torch.float32)
+        tables = [t.to(torch.int32).contiguous()
+                  for t in (meta.block_tables, meta.seq_lens, meta.cu_seqlens_q)]
+        taken: dict[int, torch.Tensor] = {}
+        first = 0
+        for stop in sorted({i for i in feature_layers if 0 < i < num_layers} | {num_layers}):
+            fused.run(x, residual, first > 0, first, stop, rope.positions.contiguous(),
+                      meta.slot_mapping.contiguous(), *tables, rope.cos, rope.sin, kv_caches)
+            first = stop
+            if stop < num_layers:
+                taken[stop] = rms_scale(x + residual).to(x.dtype)
+        out, _ = self.norm.add_norm(x, residual, torch.float32)
+        if not feature_layers:
+            return out, None
+        taken[num_layers] = out.to(x.dtype)
         return out, torch.cat([taken[i] for i in feature_layers], dim=-1)
 
     def keep_float32_head(self, weight: torch.Tensor) -> None:  # [out vocab, hidden] float32
@@ -180,3 +233,27 @@ class LlamaForCausalLM(nn.Module):
         exact = (self.head_float32[top] * hidden.float()[:, None, :]).sum(-1)
         return logits.scatter_(1, top, exact)
 
+
+def _unfusable(model: LlamaForCausalLM) -> str | None:
+    """Why the model's layers cannot run as one C call; None when they can."""
+    dtype = model.embed_tokens.weight.dtype
+    if model.embed_tokens.weight.device.type != "cpu" or not cpu_ops.runs_on(
+        model.embed_tokens.weight
+    ):
+        return "the fused CPU kernels do not run here"
+    if (reason := cpu_decoder.unavailable_reason(dtype)) is not None:
+        return reason
+    attn = model.layers[0].self_attn
+    group = attn.num_heads // attn.num_kv_heads
+    if attention_backend(torch.device("cpu"), dtype, attn.head_dim, group) != "cpu":
+        return "the CPU attention kernel does not take these heads"
+    for layer in model.layers:
+        linears = (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                   layer.mlp.down_proj)
+        if not all(isinstance(getattr(m, "packed", None), PackedWeight) for m in linears):
+            return "the linear layers are not packed for the CPU kernel"
+        if any(getattr(m, "bias", None) is not None for m in linears[1:]):
+            return "a bias outside the qkv projection"
+        if layer.self_attn.qk_norm:
+            return "per-head q/k norms"
+    return None

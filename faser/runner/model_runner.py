@@ -46,6 +46,11 @@ class ModelRunner:
         self.feature_layers: tuple[int, ...] = ()
         options = options or RunnerOptions()
         self.options = options
+        # the layers in one C call per forward where the CPU kernels take them all (its reason
+        # otherwise); not under torch.compile, which traces the layers themselves
+        self.unfused_reason = "torch.compile" if options.compile else "no fused path"
+        if not options.compile and hasattr(model, "fuse_layers"):
+            self.unfused_reason = model.fuse_layers()
         self._forward = torch.compile(model, dynamic=True) if options.compile else model
         self.graphs: DecodeGraphs | None = None
         if options.cuda_graphs:

@@ -60,9 +60,11 @@ def library(source: str) -> ctypes.CDLL:
 
 
 def _build(source: Path) -> Path:
-    """Built once per source text (its headers included) and flags; concurrent builders each
+    """Built once per source text (its siblings included) and flags; concurrent builders each
     leave a whole file."""
-    texts = [source.read_bytes(), *(h.read_bytes() for h in sorted(HERE.glob("*.h")))]
+    # a source may include its siblings (cpu_decoder.c includes the other kernels)
+    siblings = sorted([*HERE.glob("*.h"), *HERE.glob("*.c")])
+    texts = [source.read_bytes(), *(f.read_bytes() for f in siblings)]
     digest = hashlib.sha256(b"".join(texts) + " ".join(FLAGS).encode()).hexdigest()[:16]
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "faser") / "kernels"
     path = cache / f"{source.stem}-{digest}.so"

@@ -1,0 +1,94 @@
+/* A run of Llama decoder layers in one call, on x86 CPUs with AVX-512: the same kernels as the
+ * layer-by-layer path (cpu_linear.c, cpu_ops.c, cpu_attention.c) in the same order, so the same
+ * bits, without a round trip through Python and torch's dispatch for each of a layer's dozen
+ * operations (at one token they cost as much as the weights take to stream).
+ *
+ * Per layer: h = x + residual; normed = RMSNorm(h); qkv = normed Wqkv; rotary on q and k in
+ * place; k, v stored in their paged slots; attention; x = attn Wo; h += x; normed = RMSNorm(h);
+ * x = (silu(gate) * up)(normed Wgate_up) Wdown. The caller holds every buffer. */
+#include "cpu_attention.c"
+#include "cpu_linear.c"
+#include "cpu_ops.c"
+
+#include <string.h>
+
+typedef struct {
+    /* per layer, num_layers entries each */
+    const void *const *input_norm, *const *qkv, *const *qkv_bias, *const *o, *const *post_norm,
+        *const *gate_up, *const *down;
+    void *const *k_cache, *const *v_cache;
+    /* the forward's tokens and where their keys go */
+    const int64_t *positions, *slot_mapping;
+    const int32_t *block_tables, *seq_lens, *cu_seqlens_q;
+    const float *cos_table, *sin_table;
+    long num_tokens, num_seqs, max_blocks, block_size;
+    long hidden, num_heads, num_kv_heads, head_dim, intermediate;
+    float eps, scale;
+    int bf16;
+    /* buffers: x [n, hidden] (in: the last layer's output; out: this run's), residual [n, hidden]
+     * float32 (in and out; has_residual 0 at the first layer), and scratch */
+    void *x, *normed, *qkv_out, *q, *attn, *gate_up_out, *act;
+    float *residual;
+    int has_residual;
+} Layers;
+
+static void linear(const Layers *a, const void *x, const void *w, const void *bias, void *out,
+                   long n, long k) {
+    if (a->bf16)
+        faser_linear_bf16(x, w, bias, out, a->num_tokens, n, k);
+    else
+        faser_linear_f32(x, w, bias, out, a->num_tokens, n, k);
+}
+
+/* k and v rows of qkv [n, q + 2 kv] into their slots of [blocks * block_size, kv_heads, d] */
+static void store_kv(const Layers *a, long layer) {
+    long kv = a->num_kv_heads * a->head_dim, q = a->num_heads * a->head_dim, width = q + 2 * kv;
+    size_t elem = a->bf16 ? 2 : 4;
+    for (long t = 0; t < a->num_tokens; t++) {
+        const char *row = (const char *)a->qkv_out + t * width * elem;
+        long slot = a->slot_mapping[t];
+        memcpy((char *)a->k_cache[layer] + slot * kv * elem, row + q * elem, kv * elem);
+        memcpy((char *)a->v_cache[layer] + slot * kv * elem, row + (q + kv) * elem, kv * elem);
+    }
+}
+
+static void copy_queries(const Layers *a) {
+    long q = a->num_heads * a->head_dim, width = q + 2 * a->num_kv_heads * a->head_dim;
+    size_t elem = a->bf16 ? 2 : 4;
+    for (long t = 0; t < a->num_tokens; t++)
+        memcpy((char *)a->q + t * q * elem, (const char *)a->qkv_out + t * width * elem, q * elem);
+}
+
+static int layer(Layers *a, long l) {
+    long n = a->num_tokens, d = a->hidden, q = a->num_heads * a->head_dim;
+    long width = q + 2 * a->num_kv_heads * a->head_dim;
+    faser_add_rms_norm(a->x, a->has_residual ? a->residual : NULL, a->input_norm[l], a->normed,
+                       a->residual, n, d, a->eps, a->bf16, a->bf16);
+    a->has_residual = 1;
+    linear(a, a->normed, a->qkv[l], a->qkv_bias[l], a->qkv_out, width, d);
+    faser_rotary(a->qkv_out, a->positions, a->cos_table, a->sin_table, n,
+                 a->num_heads + a->num_kv_heads, a->head_dim, width, a->bf16);
+    store_kv(a, l);
+    copy_queries(a);
+    int code = faser_paged_attention(a->q, a->k_cache[l], a->v_cache[l], a->block_tables,
+                                     a->seq_lens, a->cu_seqlens_q, a->attn, a->num_seqs,
+                                     a->max_blocks, a->block_size, a->num_heads,
+                                     a->num_kv_heads, a->head_dim, a->scale, a->bf16);
+    if (code) return code;
+    linear(a, a->attn, a->o[l], NULL, a->x, d, q);
+    faser_add_rms_norm(a->x, a->residual, a->post_norm[l], a->normed, a->residual, n, d, a->eps,
+                       a->bf16, a->bf16);
+    linear(a, a->normed, a->gate_up[l], NULL, a->gate_up_out, 2 * a->intermediate, d);
+    faser_silu_mul(a->gate_up_out, a->act, n, a->intermediate, a->bf16);
+    linear(a, a->act, a->down[l], NULL, a->x, d, a->intermediate);
+    return 0;
+}
+
+/* Layers [first, last); 0, or the attention kernel's error code. */
+int faser_decoder_layers(Layers *a, long first, long last) {
+    for (long l = first; l < last; l++) {
+        int code = layer(a, l);
+        if (code) return code;
+    }
+    return 0;
+}

@@ -1,0 +1,127 @@
+"""A run of Llama decoder layers in one C call on AVX-512 CPUs (`cpu_decoder.c`): the same kernels
+as the layer-by-layer path, in the same order, so the same bits; its twin is that path itself
+(faser.models.llama, run layer by layer), which the tests compare it with."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from faser_kernels import cpu_build
+
+_P = ctypes.c_void_p
+_PP = ctypes.POINTER(ctypes.c_void_p)
+_L = ctypes.c_long
+
+
+class _Layers(ctypes.Structure):
+    _fields_ = [
+        *((name, _PP) for name in ("input_norm", "qkv", "qkv_bias", "o", "post_norm",
+                                   "gate_up", "down", "k_cache", "v_cache")),
+        *((name, _P) for name in ("positions", "slot_mapping", "block_tables", "seq_lens",
+                                  "cu_seqlens_q", "cos_table", "sin_table")),
+        *((name, _L) for name in ("num_tokens", "num_seqs", "max_blocks", "block_size", "hidden",
+                                  "num_heads", "num_kv_heads", "head_dim", "intermediate")),
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("bf16", ctypes.c_int),
+        *((name, _P) for name in ("x", "normed", "qkv_out", "q", "attn", "gate_up_out", "act",
+                                  "residual")),
+        ("has_residual", ctypes.c_int),
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShapes:
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+
+
+class DecoderLayers:
+    """A model's layers as the C call sees them: per-layer pointers to the packed weights and the
+    norms, gathered once (the tensors must outlive this object), and to the KV caches of the
+    runner that calls (one model may serve several runners, each with its own caches)."""
+
+    def __init__(
+        self,
+        shapes: LayerShapes,
+        weights: dict[str, list[torch.Tensor | None]],  # input_norm, qkv, qkv_bias, o, ...
+        dtype: torch.dtype,
+    ) -> None:
+        self.shapes, self.dtype = shapes, dtype
+        pointers = {name: _pointers(ts) for name, ts in weights.items()}
+        self._arrays = {name: pointer for name, (pointer, _) in pointers.items()}
+        self._keep = (pointers, weights)  # the struct points into them
+        self._caches: tuple[object, dict] | None = None  # the last caches' pointers
+
+    def _cache_pointers(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> dict:
+        if self._caches is None or self._caches[0] is not kv_caches:
+            k, v = _pointers([k for k, _ in kv_caches]), _pointers([v for _, v in kv_caches])
+            self._caches = (kv_caches, {"k_cache": k[0], "v_cache": v[0], "_arrays": (k, v)})
+        return self._caches[1]
+
+    def run(
+        self,
+        x: torch.Tensor,  # [n, hidden], the model's dtype: in, the last layer's output; out
+        residual: torch.Tensor,  # [n, hidden] float32: in (unless first), out
+        has_residual: bool,
+        first: int,
+        last: int,
+        positions: torch.Tensor,  # [n] int64
+        slot_mapping: torch.Tensor,  # [n] int64
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+        seq_lens: torch.Tensor,  # [num_seqs] int32
+        cu_seqlens_q: torch.Tensor,  # [num_seqs + 1] int32
+        cos: torch.Tensor,  # [max_position, head_dim / 2] float32
+        sin: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, [blocks, block, kv, d]
+    ) -> None:
+        s, n = self.shapes, x.shape[0]
+        caches = self._cache_pointers(kv_caches)
+        q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        scratch = [
+            torch.empty(n, width, dtype=self.dtype)
+            for width in (s.hidden, q_size + 2 * kv_size, q_size, q_size, 2 * s.intermediate,
+                          s.intermediate)
+        ]
+        args = _Layers(
+            **self._arrays, k_cache=caches["k_cache"], v_cache=caches["v_cache"],
+            positions=positions.data_ptr(), slot_mapping=slot_mapping.data_ptr(),
+            block_tables=block_tables.data_ptr(), seq_lens=seq_lens.data_ptr(),
+            cu_seqlens_q=cu_seqlens_q.data_ptr(), cos_table=cos.data_ptr(),
+            sin_table=sin.data_ptr(), num_tokens=n, num_seqs=seq_lens.numel(),
+            max_blocks=block_tables.shape[1], block_size=kv_caches[0][0].shape[1], hidden=s.hidden,
+            num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
+            intermediate=s.intermediate, eps=s.eps, scale=s.head_dim**-0.5,
+            bf16=int(self.dtype == torch.bfloat16), x=x.data_ptr(),
+            normed=scratch[0].data_ptr(), qkv_out=scratch[1].data_ptr(),
+            q=scratch[2].data_ptr(), attn=scratch[3].data_ptr(),
+            gate_up_out=scratch[4].data_ptr(), act=scratch[5].data_ptr(),
+            residual=residual.data_ptr(), has_residual=int(has_residual),
+        )
+        code = _library().faser_decoder_layers(ctypes.byref(args), first, last)
+        if code != 0:
+            raise RuntimeError(f"cpu decoder layers failed ({code})")
+
+
+def _pointers(tensors: list[torch.Tensor | None]):
+    array = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() if t is not None else None
+                                               for t in tensors))
+    return ctypes.cast(array, _PP), array  # the pointer, and the array it must not outlive
+
+
+def unavailable_reason(dtype: torch.dtype) -> str | None:
+    return cpu_build.unavailable_reason("cpu_decoder.c", dtype)
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    lib = cpu_build.library("cpu_decoder.c")
+    lib.faser_decoder_layers.argtypes = [ctypes.POINTER(_Layers), ctypes.c_long, ctypes.c_long]
+    lib.faser_decoder_layers.restype = ctypes.c_int
+    return lib
