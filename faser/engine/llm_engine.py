@@ -101,8 +101,10 @@ class LLMEngine:
         touched."""
         config, pair = self.config, self.pair
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
-        key = profile_key(models, config.device, config.dtype, config.num_threads,
-                          pair.weight_format)
+        layout = pair.weight_format
+        if self.target.unfused_reason is None:  # its layers as one call: another cost curve
+            layout = f"{layout}+fused"
+        key = profile_key(models, config.device, config.dtype, config.num_threads, layout)
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):
             raise RuntimeError("no free KV blocks to profile the step cost on")
