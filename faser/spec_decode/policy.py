@@ -112,10 +112,7 @@ class StaticPolicy(Policy):
         limits: Limits = NO_LIMITS,
         draft_lags: Sequence[float] = (),
     ) -> StepPlan:
-        budget = load.token_budget
-        if limits.token_budget is not None:
-            budget = min(budget, limits.token_budget)
-        ks = fit_budget([clamp_k(self.k_for(s, load), s) for s in states], budget)
+        ks = fit_budget([clamp_k(self.k_for(s, load), s) for s in states], _budget(load, limits))
         return StepPlan(max_k=tuple(ks), mode="prune" if any(ks) else "off")
 
     @abstractmethod
@@ -186,10 +183,7 @@ class FaserPolicy(Policy):
             return StepPlan(max_k=(0,) * len(states), mode="off")
         cap = self.controller.cap(self.config.max_k)
         acceptance = [self.estimator.before_draft(s, min(s.max_k, cap)) for s in states]
-        budget = load.token_budget
-        if limits.token_budget is not None:
-            budget = min(budget, limits.token_budget)
-        limits = Limits(budget, limits.max_step_time_s, limits.tpot_deadlines_s)
+        limits = Limits(_budget(load, limits), limits.max_step_time_s, limits.tpot_deadlines_s)
         choice = choose_k(acceptance, self.cost, load.num_prefill_tokens, limits,
                           draft_lags=draft_lags)
         mode = self.controller.update(choice.ks, load.num_prefill_tokens, self.cost.profile.knee())
@@ -227,6 +221,13 @@ class FaserNoPrunePolicy(FaserPolicy):
 
     name = "faser-noprune"
     allow_prune = False
+
+
+def _budget(load: LoadView, limits: Limits) -> int:
+    """The target tokens free for draft tokens: the step's, tightened by the limits'."""
+    if limits.token_budget is None:
+        return load.token_budget
+    return min(load.token_budget, limits.token_budget)
 
 
 def clamp_k(k: int, state: SpecState) -> int:

@@ -154,7 +154,8 @@ class Speculator:
     def _plan(self, name: str, decodes, load: LoadView, limits: Limits) -> StepPlan:
         policy = self.policy(name)
         group = [s for s in decodes if s.spec_state.policy == name]
-        lags = [_priced_lag(s) for s in group]
+        # only the planner prices a draft's catch-up: static and off policies skip the loop
+        lags = [_priced_lag(s) for s in group] if isinstance(policy, FaserPolicy) else []
         plan = policy.plan([s.spec_state for s in group], load,
                            self._group_limits(name, decodes, limits), lags)
         if name == self.config.policy:
