@@ -74,11 +74,14 @@ class ModelRunner:
         return self.forward_hidden(chunks)[0]
 
     @torch.inference_mode()
-    def forward_hidden(self, chunks: list[Chunk]) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_hidden(
+        self, chunks: list[Chunk], features: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The logits [num_logits, vocab] and a row per fed token: the features a feature draft
-        reads when `feature_layers` names some (the target of such a draft), else the last
-        hidden state (for a feature draft, its guess of the target's). Forwards that read or
-        return features run eagerly: the captured CUDA graphs return the hidden state only."""
+        reads when `feature_layers` names some (the target of such a draft) and `features` asks
+        for them, else the last hidden state (for a feature draft, its guess of the target's).
+        Forwards that read or return features run eagerly: the captured CUDA graphs return the
+        hidden state only."""
         width = self.model.feature_dim if self.reads_features else None
         batch = build_batch(chunks, self.block_size, self.device, width,
                             plan_gather=self.attention_backend == "torch")
@@ -86,7 +89,7 @@ class ModelRunner:
         args = (batch.input_ids, batch.positions, self.kv_caches, batch.meta)
         if batch.features is not None:
             hidden = rows = self._forward(*args, batch.features)
-        elif self.feature_layers:
+        elif self.feature_layers and features:
             hidden, rows = self.model.forward_features(*args, self.feature_layers)
         elif self.graphs is not None and self.graphs.fits(batch):
             hidden = rows = self.graphs.run(batch)

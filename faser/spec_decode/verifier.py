@@ -97,12 +97,13 @@ class Verifier:
         updates each item's verdict and fills `prefill_tokens` as `verify` does."""
         chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
         chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
-        logits, hidden = self.runner.forward_hidden(chunks)  # [num_logits, vocab]
-        if self.runner.feature_layers:  # a feature draft reads what the target computed
-            fed = [it.seq for it in items] + [seq for seq, _ in prefills]
-            # a request that does not speculate for a while would only hoard rows
-            keep = [s.spec_state.policy != "off" and s.request_id not in skip_features
-                    for s in fed]
+        fed = [it.seq for it in items] + [seq for seq, _ in prefills]
+        # a feature draft reads what the target computed; a request that does not speculate for
+        # a while would only hoard rows, and a step where nobody keeps any skips computing them
+        keep = [bool(self.runner.feature_layers) and s.spec_state.policy != "off"
+                and s.request_id not in skip_features for s in fed]
+        logits, hidden = self.runner.forward_hidden(chunks, features=any(keep))
+        if any(keep):
             _keep_features(fed, chunks, hidden, keep)
         entries: list[_Entry] = []
         owners: list = []

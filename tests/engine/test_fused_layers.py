@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from faser import LLM, SamplingParams, SpecConfig
+from faser.runner.batch import Chunk
 from faser_kernels.cpu_decoder import unavailable_reason
 from tests.engine.test_feature_draft import feature_pair  # noqa: F401  (a fixture)
 
@@ -42,3 +43,25 @@ def test_a_feature_drafts_target_fuses_between_its_feature_layers(feature_pair):
         pytest.skip(reason)
     fused = _outputs(*feature_pair, "fixed:3", "float32", True)
     assert fused == _outputs(*feature_pair, "fixed:3", "float32", False)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_forward_without_features_gives_the_same_logits(feature_pair, dtype):  # noqa: F811
+    """A step in which no request keeps features runs the target without stopping at its
+    feature layers: the same bits, as the plain target's step."""
+    if (reason := unavailable_reason(getattr(torch, dtype))) is not None:
+        pytest.skip(reason)
+    target, draft = feature_pair
+    llm = LLM(str(target), draft_model=str(draft), num_kv_blocks=64, block_size=4, dtype=dtype)
+    engine, runner = llm.engine, llm.engine.target
+    assert runner.feature_layers
+    logits = {}
+    for features in (True, False):
+        table: list[int] = []
+        engine.blocks.allocate(f"r{features}", table, 48)
+        prefill = runner.forward_hidden([Chunk(list(range(1, 41)), 0, table, 3)], features)
+        decode, rows = runner.forward_hidden([Chunk([5, 6, 7], 40, table, 3)], features)
+        logits[features] = (prefill[0], decode)
+        hidden = runner.model.config.hidden_size
+        assert rows.shape[-1] == hidden * (len(runner.feature_layers) if features else 1)
+    assert all(torch.equal(a, b) for a, b in zip(logits[True], logits[False], strict=True))
