@@ -53,6 +53,21 @@ def test_a_verification_query_has_the_bits_of_a_decode_at_its_position(dtype):
         assert torch.equal(alone[0], together[i]), i
 
 
+def test_a_prefill_query_has_the_bits_of_a_decode_at_its_position(dtype):
+    """A chunk of 21 queries spans several of the kernel's tiles; each query, wherever its tile
+    begins, gets what it gets as a decode alone."""
+    case = AttentionCase(9, 3, 64, 4, q_lens=(21,), context_lens=(6,), dtype=dtype)
+    batch = paged_batch(case, seed=4)
+    together = paged_attention_cpu(*batch.args(0.125))
+    for i in range(21):
+        alone = paged_attention_cpu(
+            batch.query[i : i + 1], batch.key_cache, batch.value_cache, batch.block_tables,
+            torch.tensor([7 + i], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+            0.125,
+        )
+        assert torch.equal(alone[0], together[i]), i
+
+
 def test_a_query_ignores_the_batch_beside_it(dtype):
     case = AttentionCase(4, 2, 64, 8, q_lens=(1, 3, 12, 1), context_lens=(20, 9, 0, 50),
                          dtype=dtype)
