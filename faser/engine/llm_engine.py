@@ -35,6 +35,7 @@ from faser.spec_decode.slo import Slo, request_met
 from faser.spec_decode.speculator import Speculator
 from faser.spec_decode.state import SpecState
 from faser.spec_decode.verifier import Verdict
+from faser_kernels import cpu_build
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ class LLMEngine:
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
         layout = pair.weight_format
         if self.target.unfused_reason is None:  # its layers as one call: another cost curve
-            layout = f"{layout}+fused"
+            layout = f"{layout}+fused@{cpu_build.sources_digest()}"
         key = profile_key(models, config.device, config.dtype, config.num_threads, layout)
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):

@@ -59,13 +59,19 @@ def library(source: str) -> ctypes.CDLL:
     return ctypes.CDLL(str(_build(HERE / source)))
 
 
+@functools.cache
+def sources_digest() -> str:
+    """What every kernel here is built from: the sources (a source may include its siblings, as
+    cpu_decoder.c includes the other kernels) and the flags. Step costs measured with one build
+    are not another's."""
+    texts = [f.read_bytes() for f in sorted([*HERE.glob("*.h"), *HERE.glob("*.c")])]
+    return hashlib.sha256(b"".join(texts) + " ".join(FLAGS).encode()).hexdigest()[:16]
+
+
 def _build(source: Path) -> Path:
     """Built once per source text (its siblings included) and flags; concurrent builders each
     leave a whole file."""
-    # a source may include its siblings (cpu_decoder.c includes the other kernels)
-    siblings = sorted([*HERE.glob("*.h"), *HERE.glob("*.c")])
-    texts = [source.read_bytes(), *(f.read_bytes() for f in siblings)]
-    digest = hashlib.sha256(b"".join(texts) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = sources_digest()
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "faser") / "kernels"
     path = cache / f"{source.stem}-{digest}.so"
     if path.exists():
