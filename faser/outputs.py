@@ -46,6 +46,11 @@ class SpecStats:
         for position in range(num_accepted):
             self.num_accepted_tokens_per_pos[position] += 1
 
+    @classmethod
+    def total(cls, stats: list[SpecStats]) -> SpecStats:
+        """The per-request counts of several requests summed (the choices of one API call)."""
+        return cls(**{name: sum(getattr(s, name) for s in stats) for name in _COUNTS})
+
     def as_dict(self) -> dict[str, float]:
         return {
             "num_steps": self.num_steps,
@@ -57,9 +62,23 @@ class SpecStats:
         }
 
 
+_COUNTS = ("num_steps", "num_drafts", "num_draft_tokens", "num_accepted_tokens",
+           "num_pruned_positions", "num_slo_requests", "num_slo_met")
+
+
 def _grow(counts: list[int], size: int) -> None:
     if len(counts) < size:
         counts.extend([0] * (size - len(counts)))
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The target's raw log-probability (log-softmax of its logits, before any sampling
+    parameter) of one token, and of the likeliest tokens at its position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), likeliest first
 
 
 @dataclass(slots=True)
@@ -73,3 +92,7 @@ class RequestOutput:
     spec_stats: SpecStats = field(default_factory=SpecStats)
     new_token_ids: list[int] = field(default_factory=list)  # committed in the latest step
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first_token, finished times
+    # one per output token when the request asked for logprobs; None otherwise
+    logprobs: list[TokenLogprob] | None = None
+    # one per prompt token (None for the first, which nothing predicts) when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20  # alternatives a request may ask for at each position (OpenAI's chat cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -11,10 +14,20 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k
+    min_p: float = 0.0  # drop tokens less likely than min_p times the likeliest (0: off)
+    # OpenAI's, over the output so far: logit - frequency * count - presence * (count > 0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # vLLM's (as Hugging Face's), over prompt and output: a seen token's logit / p if > 0, else * p
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    # the target's raw log-probability of each output (prompt) token and of this many likeliest
+    # alternatives at its position; None: none
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -29,8 +42,25 @@ class SamplingParams:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must lie in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must lie in [-2, 2], got {getattr(self, name)}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be an integer in [0, {MAX_LOGPROBS}] or None")
 
     @property
     def greedy(self) -> bool:
         # temperature 0 (or top_k 1) leaves one candidate: the argmax
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalised(self) -> bool:
+        """Its logits depend on the tokens before them (so each row needs its own history)."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.repetition_penalty != 1.0)

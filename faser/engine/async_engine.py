@@ -19,12 +19,31 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from faser.outputs import RequestOutput, SpecStats
+from faser.outputs import RequestOutput, SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(frozen=True, slots=True)
+class TextLogprob:
+    """A token's log-probability as a client sees it: the token as text (the ingress holds no
+    tokenizer), and the likeliest tokens at its position."""
+
+    token: str
+    logprob: float | None  # None: a prompt's first token, which nothing predicts
+    top: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(
+        cls, token_id: int, logprob: TokenLogprob | None, text: Callable[[int], str]
+    ) -> TextLogprob:
+        if logprob is None:
+            return cls(text(token_id), None)
+        top = tuple((text(t), lp) for t, lp in logprob.top)
+        return cls(text(token_id), logprob.logprob, top)
 
 
 @dataclass(slots=True)
@@ -40,6 +59,7 @@ class StreamDelta:
     finish_reason: str | None
     spec_stats: SpecStats = field(default_factory=SpecStats)
     mode: str | None = None  # the engine's mode when the request finished
+    logprobs: list[TextLogprob] | None = None  # token_ids' own, when the request asked for them
 
 
 class TextDeltas:
@@ -217,7 +237,13 @@ def _deliver(stream: _Stream, item: RequestOutput | BaseException) -> None:
         stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
 
 
-def to_delta(output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
+def to_delta(
+    output: RequestOutput, deltas: TextDeltas, token_text: Callable[[int], str] = str
+) -> StreamDelta:
+    logprobs = None
+    if output.logprobs is not None:
+        new = output.logprobs[len(output.logprobs) - len(output.new_token_ids) :]
+        logprobs = [TextLogprob.of(lp.token_id, lp, token_text) for lp in new]
     return StreamDelta(
         request_id=output.request_id,
         text=deltas.delta(output.text or "", output.finished),
@@ -227,4 +253,5 @@ def to_delta(output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
         finished=output.finished,
         finish_reason=output.finish_reason,
         spec_stats=output.spec_stats,
+        logprobs=logprobs,
     )

@@ -234,6 +234,7 @@ class LLMEngine:
 
     def _append(self, seq: Sequence, token_ids: list[int]) -> list[int]:
         new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)
+        del seq.logprobs[len(seq.output_token_ids):]  # those past a stop were never output
         if seq.first_token_time is None:
             seq.first_token_time = time.perf_counter()
         seq.roll_back_caches()
@@ -266,6 +267,9 @@ class LLMEngine:
             spec_stats=replace(seq.stats),
             new_token_ids=new_token_ids,
             metrics=_metrics(seq),
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            prompt_logprobs=(list(seq.prompt_logprobs)
+                             if seq.params.prompt_logprobs is not None else None),
         )
 
     # -- load -------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from enum import Enum, auto
 
 import torch
 
-from faser.outputs import SpecStats
+from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.features import TargetFeatures
 from faser.spec_decode.lookup import PromptLookup
@@ -36,6 +36,10 @@ class Sequence:
     features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
     lookup: PromptLookup = field(default_factory=PromptLookup)  # for prompt lookup
     stats: SpecStats = field(default_factory=SpecStats)
+    # asked-for logprobs: the verifier appends one per token it commits (the engine drops those
+    # past a stop), and one per prompt position its prefill chunks score
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
     arrival_time: float = field(default_factory=time.perf_counter)

@@ -27,7 +27,7 @@ from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.spec_decode.lookup import MAX_N
 from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import request_probs
+from faser.spec_decode.sampling import history, request_probs
 from faser_kernels.rejection import sample_inverse_cdf
 
 
@@ -102,9 +102,9 @@ class Proposer:
                 ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
                 guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))
             params = [seqs[i].params for i in active]
-            probs = request_probs(logits, params)
-            rows = self._rows_to_target_vocab(probs, params)
-            confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
+            # the draft's own tokens so far are the output its penalties look at
+            histories = [history(seqs[i], proposal.draft_token_ids[i]) for i in active]
+            rows, confidence = self._request_rows(logits, params, histories)
             tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
             looked_up = [False] * len(active)
             if tails is not None:
@@ -149,9 +149,9 @@ class Proposer:
             chunks.append(Chunk(context[start:], start, seq.block_table, num_logits=1))
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
         params = [seq.params for seq in seqs]
-        probs = request_probs(logits, params)
-        rows = self._rows_to_target_vocab(probs, params)
-        confidence = self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
+        histories = [history(seq, context[seq.num_tokens :])
+                     for seq, context in zip(seqs, contexts, strict=True)]
+        rows, confidence = self._request_rows(logits, params, histories)
         tokens, confidences = self._pick_rows(seqs, rows, confidence)
         if self.prompt_lookup:
             _index_committed(seqs)
@@ -179,14 +179,23 @@ class Proposer:
         seq.num_draft_cached = start + len(tokens)
         return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
 
-    def _rows_to_target_vocab(self, rows: torch.Tensor, params) -> torch.Tensor:
-        """`request_probs` rows over the target's vocabulary: a greedy row's logits are -inf
-        where the draft has no token, a sampled row's probabilities 0."""
-        out = self._to_target_vocab(rows, float("-inf"))
+    def _request_rows(
+        self, logits: torch.Tensor, params, histories
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # both [num_rows, target_vocab]
+        """`request_probs` rows over the target's vocabulary (the histories' token ids are the
+        target's), and the confidence of each token. Where the draft has no token, a greedy
+        row's logit is -inf and a sampled row's probability 0. The q row stored for a draft
+        token is exactly the row it was drawn from."""
+        if self.token_map is not None and any(h is not None for h in histories):
+            logits = self._to_target_vocab(logits, float("-inf"))
+            probs = request_probs(logits, params, histories)
+            return probs, self._confidence(logits, probs, params)
+        probs = request_probs(logits, params, histories)
+        rows = self._to_target_vocab(probs, float("-inf"))
         sampled = [i for i, p in enumerate(params) if not p.greedy]
         if self.token_map is not None and sampled:
-            out[sampled] = self._to_target_vocab(rows[sampled], 0.0)
-        return out
+            rows[sampled] = self._to_target_vocab(probs[sampled], 0.0)
+        return rows, self._to_target_vocab(self._confidence(logits, probs, params), 0.0)
 
     def _to_target_vocab(self, rows: torch.Tensor, fill: float) -> torch.Tensor:
         if self.token_map is None:

@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from faser.outputs import SpecStats
+from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.features import TargetFeatures
 from faser.spec_decode.lookup import PromptLookup
@@ -27,7 +27,10 @@ class SpecRequest(Protocol):
     stats: SpecStats
     arrival_time: float  # time.perf_counter(), as the SLO clock reads
     first_token_time: float | None
+    prompt_token_ids: list[int]
     output_token_ids: list[int]
+    logprobs: list[TokenLogprob]  # the committed tokens', when the request asks for them
+    prompt_logprobs: list[TokenLogprob | None]
 
     @property
     def token_ids(self) -> list[int]: ...

@@ -19,7 +19,7 @@ from faser.runner.model_runner import ModelRunner
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.proposer import Proposal
 from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import request_probs
+from faser.spec_decode.sampling import History, history, request_probs, token_logprobs
 from faser_kernels import rejection_sample
 
 
@@ -44,6 +44,15 @@ class _Entry:
     u_sample: torch.Tensor  # [1]
     params: SamplingParams
     final: bool  # the bonus row is real (the frontier reaches the last draft token)
+    seq: SpecRequest
+    history: History | None  # its first row's (penalised requests); row r adds checked[:r]
+
+    def histories(self) -> list[History | None]:
+        if self.history is None:
+            return [None] * self.rows.shape[0]
+        h = self.history
+        return [History(h.prompt_ids, h.output_ids + self.checked[:r])
+                for r in range(self.rows.shape[0])]
 
 
 class Verifier:
@@ -119,11 +128,14 @@ class Verifier:
             row += len(entry.checked) + int(entry.final)
             entries.append(entry)
             owners.append(it.verdict)
-        for p, (seq, _) in enumerate(prefills):
+        for p, ((seq, _), chunk) in enumerate(zip(prefills, chunks[len(items):], strict=True)):
+            rows = logits[row : row + chunk.num_logits]
+            row += chunk.num_logits
+            if chunk.num_logits == len(chunk.token_ids) and seq.params.prompt_logprobs is not None:
+                _score_prompt(seq, chunk, rows)
             if seq.num_cached == seq.num_tokens:
-                entries.append(_prefill_entry(seq, logits[row : row + 1]))
+                entries.append(_prefill_entry(seq, rows[-1:]))
                 owners.append(p)
-                row += 1
         if entries:
             self._judge(entries, owners, prefill_tokens)
 
@@ -138,29 +150,69 @@ class Verifier:
         # every input on the logits' device (the Triton kernel reads them all on CUDA); the
         # uniforms come from the requests' CPU generators
         device = entries[0].rows.device
+        logits = torch.cat([e.rows for e in entries])  # [num_rows, vocab]
+        histories = [h for e in entries for h in e.histories()]
         result = rejection_sample(
             torch.tensor([t for e in entries for t in e.checked], dtype=torch.long, device=device),
             torch.tensor(cu, dtype=torch.long, device=device),
             torch.cat([e.q if e.q is not None
                        else torch.zeros(len(e.checked), vocab, device=device)
                        for e in entries]) if has_q else None,
-            request_probs(torch.cat([e.rows for e in entries]), params),
+            request_probs(logits, params, histories),
             torch.tensor([e.params.greedy for e in entries], device=device),
             torch.cat([e.u_accept for e in entries]).to(device),
             torch.cat([e.u_sample for e in entries]).to(device),
         )
         out = result.output_token_ids.tolist()
         num_accepted = result.num_accepted.tolist()  # one read, not one per request
+        committed = []
         for g, (entry, owner) in enumerate(zip(entries, owners, strict=True)):
             accepted = num_accepted[g]
             if isinstance(owner, int):
                 prefill_tokens[owner] = out[g][0]
+                committed.append(out[g][:1])
                 continue
             rejected = accepted < len(entry.checked)
             # past a non-final frontier with no rejection, the "bonus" is a placeholder
-            owner.token_ids += out[g][: accepted + int(rejected or entry.final)]
+            committed.append(out[g][: accepted + int(rejected or entry.final)])
+            owner.token_ids += committed[-1]
             owner.num_accepted += accepted
             owner.done = rejected or entry.final
+        _record_logprobs(entries, committed, logits)
+
+
+def _record_logprobs(entries: list[_Entry], committed: list[list[int]], logits) -> None:
+    """Appends to each request that asks for them the logprobs of the tokens it committed: the
+    token committed at an entry's position r was scored by the entry's row r."""
+    rows, tokens, num_top, owners = [], [], [], []
+    start = 0
+    for entry, token_ids in zip(entries, committed, strict=True):
+        if entry.params.logprobs is not None:
+            rows += range(start, start + len(token_ids))
+            tokens += token_ids
+            num_top += [entry.params.logprobs] * len(token_ids)
+            owners += [entry.seq] * len(token_ids)
+        start += entry.rows.shape[0]
+    if not rows:
+        return
+    index = torch.tensor(rows, device=logits.device)
+    for seq, logprob in zip(owners, token_logprobs(logits[index], tokens, num_top), strict=True):
+        seq.logprobs.append(logprob)
+
+
+def _score_prompt(seq: SpecRequest, chunk: Chunk, rows: torch.Tensor) -> None:
+    """Prompt logprobs from a prefill chunk's rows ([len(chunk.token_ids), vocab]: row i scores
+    position start + i + 1); positions already scored (before a preemption) are skipped."""
+    if not seq.prompt_logprobs:
+        seq.prompt_logprobs.append(None)  # nothing predicts the first token
+    first = len(seq.prompt_logprobs)  # the next position to score
+    end = min(chunk.start_pos + len(chunk.token_ids) + 1, len(seq.prompt_token_ids))
+    if end <= first:
+        return
+    index = torch.arange(first, end) - chunk.start_pos - 1
+    scored = token_logprobs(rows[index.to(rows.device)], seq.prompt_token_ids[first:end],
+                            [seq.params.prompt_logprobs] * (end - first))
+    seq.prompt_logprobs.extend(scored)
 
 
 def _keep_features(
@@ -191,7 +243,12 @@ def _prefill_chunk(seq: SpecRequest, n: int) -> Chunk:
     start = seq.num_cached
     seq.num_cached += n
     completes = seq.num_cached == seq.num_tokens
-    return Chunk(seq.token_ids[start : start + n], start, seq.block_table, int(completes))
+    # prompt logprobs read every position's logits (until all are scored, as a preempted
+    # request's prefill may come again); sampling reads only the last one's
+    scores = (seq.params.prompt_logprobs is not None
+              and len(seq.prompt_logprobs) < len(seq.prompt_token_ids))
+    num_logits = n if scores else int(completes)
+    return Chunk(seq.token_ids[start : start + n], start, seq.block_table, num_logits)
 
 
 def _decode_entry(seq, proposal: Proposal, i: int, logits, row: int, j: int, f: int, uniforms):
@@ -206,13 +263,13 @@ def _decode_entry(seq, proposal: Proposal, i: int, logits, row: int, j: int, f: 
     u_accept, u_sample = uniforms
     return _Entry(
         checked, rows, None if q is None else q[j : j + len(checked)],
-        u_accept[j : j + len(checked)], u_sample, seq.params, final,
+        u_accept[j : j + len(checked)], u_sample, seq.params, final, seq, history(seq, draft[:j]),
     )
 
 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
     u = torch.zeros(1) if seq.params.greedy else torch.rand(1, generator=seq.generator)
-    return _Entry([], rows, None, torch.zeros(0), u, seq.params, True)
+    return _Entry([], rows, None, torch.zeros(0), u, seq.params, True, seq, history(seq))
 
 
 @dataclass(slots=True)

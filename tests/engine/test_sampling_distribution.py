@@ -1,6 +1,8 @@
 """Speculative sampling keeps the target's distribution: chi-square tests of the marginal of the
 second and third sampled tokens (the first ones decided by speculation) against their exact values
-computed from the target's own logits, with temperature and top-k applied to both models."""
+computed from the target's own logits, with temperature and top-k applied to both models, and
+once more with penalties and min-p (whose target distribution at each position depends on the
+tokens sampled before it, drafts included)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 import torch
 
 from faser import LLM, SamplingParams, SpecConfig
-from faser.layers.sampler import logits_to_probs
+from faser.spec_decode.sampling import History, request_probs
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
 from tests.spec_decode.spec_profiles import roofline
 
@@ -18,6 +20,8 @@ VOCAB = 12
 PROMPT = [1, 2, 3]
 NUM_SAMPLES = 1200
 PARAMS = dict(temperature=0.9, top_k=8, top_p=0.95)
+PENALISED = dict(PARAMS, repetition_penalty=0.8, frequency_penalty=-1.0, presence_penalty=-1.0,
+                 min_p=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +31,19 @@ def small_vocab_pair(tmp_path_factory):
     return target, make_noisy_copy(target, root / "d", noise=1.0)
 
 
-def exact_marginals(target_dir) -> tuple[torch.Tensor, torch.Tensor]:
-    """P(t2) and P(t3) by enumerating every t1 (and t2) with the target's own logits."""
+def exact_marginals(target_dir, params: dict = PARAMS) -> tuple[torch.Tensor, ...]:
+    """P(t2), P(t3) and P(t2, t3) (flat, t2-major) by enumerating every t1 (and t2) with the
+    target's own logits, each context's penalties over its own output."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target_dir)
+    sampling = SamplingParams(**params)
 
     def probs(contexts: list[list[int]]) -> torch.Tensor:  # [n, vocab]
         with torch.no_grad():
             logits = model(torch.tensor(contexts)).logits[:, -1].float()
-        n = len(contexts)
-        return logits_to_probs(logits, torch.full((n,), PARAMS["temperature"]),
-                               torch.full((n,), PARAMS["top_k"]),
-                               torch.full((n,), PARAMS["top_p"]))
+        histories = [History(PROMPT, c[len(PROMPT):]) for c in contexts]
+        return request_probs(logits, [sampling] * len(contexts), histories)
 
     p1 = probs([PROMPT])[0]
     p2_given = probs([PROMPT + [a] for a in range(VOCAB)])  # [t1, t2]
@@ -47,17 +51,22 @@ def exact_marginals(target_dir) -> tuple[torch.Tensor, torch.Tensor]:
     p3_given = probs([PROMPT + [a, b] for a in range(VOCAB) for b in range(VOCAB)])
     joint12 = p1[:, None] * p2_given  # [t1, t2]
     p3 = joint12.reshape(-1) @ p3_given
-    return p2, p3
+    joint123 = joint12.reshape(-1, 1) * p3_given  # [t1 * t2, t3]
+    p23 = joint123.reshape(VOCAB, VOCAB * VOCAB).sum(0)  # [t2 * t3]
+    return p2, p3, p23
 
 
-def assert_marginals_match(outputs, target_dir) -> None:
-    """The 2nd and 3rd sampled tokens follow the target's exact marginals."""
-    p2, p3 = exact_marginals(target_dir)
-    for position, expected in ((1, p2), (2, p3)):
-        counts = torch.bincount(torch.tensor([o.token_ids[position] for o in outputs]),
-                                minlength=VOCAB).float()
+def assert_marginals_match(outputs, target_dir, params: dict = PARAMS) -> None:
+    """The 2nd and 3rd sampled tokens follow the target's exact marginals, and so do the two
+    together (with penalties, the 3rd token's distribution depends on the 2nd)."""
+    p2, p3, p23 = exact_marginals(target_dir, params)
+    pairs = [o.token_ids[1] * VOCAB + o.token_ids[2] for o in outputs]
+    cases = (("token 2", [o.token_ids[1] for o in outputs], p2),
+             ("token 3", [o.token_ids[2] for o in outputs], p3), ("tokens 2 and 3", pairs, p23))
+    for name, values, expected in cases:
+        counts = torch.bincount(torch.tensor(values), minlength=expected.numel()).float()
         rejected, stat = chi_square_rejects(counts, expected)
-        assert not rejected, f"token {position + 1}: chi-square {stat:.1f}"
+        assert not rejected, f"{name}: chi-square {stat:.1f}"
 
 
 def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[bool, float]:
@@ -75,11 +84,13 @@ def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[
     return stat > critical, stat
 
 
-@pytest.mark.parametrize("policy,frontier", [
-    ("fixed:2", None), ("fixed:3", 1), ("off", None), ("heuristic", None),
-    ("faser", None),
+@pytest.mark.parametrize("policy,frontier,params", [
+    ("fixed:2", None, PARAMS), ("fixed:3", 1, PARAMS), ("off", None, PARAMS),
+    ("heuristic", None, PARAMS), ("faser", None, PARAMS),
+    ("fixed:3", None, PENALISED), ("fixed:2", 1, PENALISED),
 ])
-def test_speculative_sampling_matches_target_distribution(small_vocab_pair, policy, frontier):
+def test_speculative_sampling_matches_target_distribution(small_vocab_pair, policy, frontier,
+                                                          params):
     target, draft = small_vocab_pair
     # the adaptive policy drafts at low load only: fewer requests in flight
     max_num_seqs = 16 if policy == "faser" else 128
@@ -89,10 +100,10 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, poli
               max_num_batched_tokens=1024, dtype="float32")
     # a memory-bound profile, so that faser speculates on models this small
     llm.engine.speculator.use_cost_profile(roofline())
-    params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
-              for i in range(NUM_SAMPLES)]
-    outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
-    assert_marginals_match(outputs, target)
+    sampling = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **params)
+                for i in range(NUM_SAMPLES)]
+    outputs = llm.generate([PROMPT] * NUM_SAMPLES, sampling)
+    assert_marginals_match(outputs, target, params)
     if policy != "off":
         stats = llm.engine.stats
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
