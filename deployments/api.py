@@ -5,13 +5,19 @@ are 400s in OpenAI's error shape. The engine's first event decides the status (a
 the start of the stream) before any byte of the body goes out; streaming answers are server-sent
 events ending with `data: [DONE]`. Leaving a stream early closes the engine stream, which aborts
 the request and frees its KV blocks.
+
+A request with n choices per prompt, or a batch of prompts, fans out into one engine request per
+choice (prompt-major: choice i * n + j answers prompt i; with a seed, its choice j samples with
+seed + j, as vLLM's n does); if any is refused, all are closed and the first refusal is the
+answer.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from importlib import metadata
 from typing import Protocol
 
@@ -21,37 +27,21 @@ from pydantic import BaseModel, ValidationError
 
 from deployments.access import Access, install
 from deployments.openai_schemas import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatMessageOut,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
     ErrorInfo,
     ErrorResponse,
     ModelCard,
     ModelList,
     RefusedField,
-    SpeculationReport,
     TokenizeRequest,
-    Usage,
 )
+from deployments.responses import ENGINE_FAILED, Formatter
 from deployments.serving import GenerateRequest, RequestError, StreamEvent, StreamStart
-from faser.engine.async_engine import StreamDelta
 
 logger = logging.getLogger(__name__)
 VERSION = metadata.version("faser-serve")
-# what a client is told when the engine fails under its request: a stable type and code, no
-# internals (those go to the logs)
-ENGINE_FAILED = ErrorInfo(
-    message="the server failed while serving this request; it was not completed, retry it",
-    type="internal_error", code="engine_failed",
-)
 
 
 OPEN = Access()
@@ -144,17 +134,26 @@ class _Handler:
         if (missing := await self._unknown_model(request.model)) is not None:
             return missing
         served = await self.client.model_name()
-        events = self.client.stream(to_generate_request(request))
+        streams = [self.client.stream(r) for r in to_generate_requests(request)]
         try:
-            first = await anext(events)
+            firsts = await _first_events(streams)
         except QueueFull:
+            await _close(streams)
             return self._queue_full()
-        if isinstance(first, RequestError):
-            return error_response(first.status, first.message, first.type, first.param, first.code)
-        assert isinstance(first, StreamStart)
-        formatter = _Formatter(request, served, first)
+        except BaseException:
+            await _close(streams)
+            raise
+        refused = next((e for e in firsts if isinstance(e, RequestError)), None)
+        if refused is not None:
+            await _close(streams)
+            return error_response(
+                refused.status, refused.message, refused.type, refused.param, refused.code
+            )
+        assert all(isinstance(e, StreamStart) for e in firsts)
+        formatter = Formatter(request, served, firsts)
+        events = _merge(streams)
+        headers = {"x-faser-replica": firsts[0].replica}
         if request.stream:
-            headers = {"x-faser-replica": first.replica}
             return StreamingResponse(
                 formatter.sse(events), media_type="text/event-stream", headers=headers
             )
@@ -162,7 +161,7 @@ class _Handler:
             body = await formatter.collect(events)
         finally:
             await events.aclose()
-        return JSONResponse(body, headers={"x-faser-replica": first.replica})
+        return JSONResponse(body, headers=headers)
 
     async def tokens(self, body: bytes, schema: type[BaseModel]) -> JSONResponse:
         """/tokenize and /detokenize: answered by an engine replica, which holds the tokenizer."""
@@ -201,141 +200,92 @@ class _Handler:
         return response
 
 
+async def _first_events(streams: list[AsyncIterator[StreamEvent]]) -> list[StreamEvent]:
+    """Each stream's first event, awaited together (a choice's request waits on no other's)."""
+    if len(streams) == 1:
+        return [await anext(streams[0])]
+    tasks = [asyncio.ensure_future(anext(s)) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def _close(streams: list[AsyncIterator[StreamEvent]]) -> None:
+    """Closing an engine stream aborts its request (a finished one is left as it is)."""
+    for stream in streams:
+        await stream.aclose()
+
+
+async def _merge(
+    streams: list[AsyncIterator[StreamEvent]],
+) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """The streams' events as they come, each with its stream's index; leaving early, or one
+    stream failing, closes them all."""
+    if len(streams) == 1:  # the common case, with no task in between
+        try:
+            async for event in streams[0]:
+                yield 0, event
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[StreamEvent]) -> None:
+        try:
+            async for event in stream:
+                queue.put_nowait((i, event))
+            queue.put_nowait((i, None))
+        except Exception as exc:  # handed to the consumer, which closes the others
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            i, event = await queue.get()
+            if isinstance(event, Exception):
+                raise event
+            if event is None:
+                running -= 1
+            else:
+                yield i, event
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _close(streams)
+
+
 def to_generate_request(request: BaseModel) -> GenerateRequest:
+    """The engine request of the first choice (of the first prompt)."""
     speculation = None
     if request.speculation is not None:
         speculation = request.speculation.model_dump(exclude_none=True) or None
     slo = None
     if request.slo is not None:
         slo = request.slo.model_dump(exclude_none=True) or None
-    common = dict(
-        temperature=request.temperature,
-        top_p=request.top_p,
-        top_k=max(request.top_k, 0),
-        seed=request.seed,
-        stop=request.stop_strings(),
-        ignore_eos=request.ignore_eos,
-        speculation=speculation,
-        slo=slo,
-    )
+    common = dict(**request.sampling(), speculation=speculation, slo=slo)
     if isinstance(request, ChatCompletionRequest):
         return GenerateRequest(
-            "chat",
-            messages=tuple(request.conversation()),
-            max_tokens=request.max_new_tokens,
-            **common,
+            "chat", messages=tuple(request.conversation()), max_tokens=request.max_new_tokens,
+            logprobs=request.num_logprobs, **common,
         )
     return GenerateRequest(
-        "completion", prompt=request.prompt_input(), max_tokens=request.max_tokens, **common
+        "completion", prompt=request.prompts()[0], max_tokens=request.max_tokens,
+        logprobs=request.logprobs, echo=bool(request.echo), **common,
     )
 
 
-def speculation_report(delta: StreamDelta, policy: str | None) -> SpeculationReport:
-    spec = delta.spec_stats
-    return SpeculationReport(
-        policy=policy,
-        mode=delta.mode,
-        drafted=spec.num_draft_tokens,
-        accepted=spec.num_accepted_tokens,
-        mean_acceptance_length=spec.mean_acceptance_length,
-        slo_met=spec.slo_met,
-    )
-
-
-class _Formatter:
-    """Shapes one request's deltas into OpenAI's completion or chat objects."""
-
-    def __init__(self, request: BaseModel, model: str, start: StreamStart) -> None:
-        self.request = request
-        self.chat = isinstance(request, ChatCompletionRequest)
-        self.model = model
-        self.start = start
-        self.id = ("chatcmpl-" if self.chat else "cmpl-") + start.request_id
-        spec = request.speculation
-        self.policy = spec.policy if spec is not None and spec.policy else start.policy
-
-    def usage(self, last: StreamDelta) -> Usage:
-        prompt = self.start.num_prompt_tokens
-        return Usage(
-            prompt_tokens=prompt,
-            completion_tokens=last.num_output_tokens,
-            total_tokens=prompt + last.num_output_tokens,
-        )
-
-    async def collect(self, events: AsyncIterator[StreamEvent]) -> dict:
-        parts: list[str] = []
-        last = None
-        async for event in events:
-            assert isinstance(event, StreamDelta)
-            parts.append(event.text)
-            last = event
-        assert last is not None and last.finished
-        text = "".join(parts)
-        usage = self.usage(last)
-        report = speculation_report(last, self.policy)
-        if self.chat:
-            message = ChatMessageOut(content=text)
-            choice = ChatChoice(message=message, finish_reason=last.finish_reason)
-            return ChatCompletionResponse(
-                id=self.id, model=self.model, choices=[choice], usage=usage, speculation=report
-            ).model_dump()
-        choice = CompletionChoice(text=text, finish_reason=last.finish_reason)
-        return CompletionResponse(
-            id=self.id, model=self.model, choices=[choice], usage=usage, speculation=report
-        ).model_dump()
-
-    async def sse(self, events: AsyncIterator[StreamEvent]) -> AsyncIterator[str]:
-        try:
-            if self.chat:
-                yield _sse(self._chat_chunk(ChatDelta(role="assistant", content="")))
-            last = None
-            async for event in events:
-                assert isinstance(event, StreamDelta)
-                last = event
-                if event.text or event.finished:
-                    yield _sse(self._chunk(event))
-            if last is not None and self.request.include_usage:
-                yield _sse(self._usage_chunk(last))
-        except Exception:  # mid-stream failure: the status line has gone already
-            logger.exception("stream failed")
-            yield _sse(ErrorResponse(error=ENGINE_FAILED).model_dump())
-        finally:
-            await events.aclose()
-        yield "data: [DONE]\n\n"
-
-    def _chunk(self, delta: StreamDelta) -> dict:
-        report = speculation_report(delta, self.policy) if delta.finished else None
-        if self.chat:
-            content = ChatDelta(content=delta.text or None)
-            return self._chat_chunk(content, delta.finish_reason, report)
-        choice = CompletionChoice(text=delta.text, finish_reason=delta.finish_reason)
-        return CompletionResponse(
-            id=self.id, model=self.model, choices=[choice], speculation=report
-        ).model_dump()
-
-    def _chat_chunk(
-        self,
-        delta: ChatDelta,
-        finish_reason: str | None = None,
-        report: SpeculationReport | None = None,
-    ) -> dict:
-        choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
-        chunk = ChatCompletionChunk(
-            id=self.id, model=self.model, choices=[choice], speculation=report
-        )
-        return chunk.model_dump()
-
-    def _usage_chunk(self, last: StreamDelta) -> dict:
-        report = speculation_report(last, self.policy)
-        if self.chat:
-            chunk = ChatCompletionChunk(
-                id=self.id, model=self.model, choices=[], usage=self.usage(last), speculation=report
-            )
-            return chunk.model_dump()
-        return CompletionResponse(
-            id=self.id, model=self.model, choices=[], usage=self.usage(last), speculation=report
-        ).model_dump()
-
-
-def _sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+def to_generate_requests(request: BaseModel) -> list[GenerateRequest]:
+    """One engine request per choice, prompt-major; choice j of a prompt samples with seed + j."""
+    first = to_generate_request(request)
+    prompts = request.prompts() if isinstance(request, CompletionRequest) else [first.prompt]
+    return [
+        replace(first, prompt=prompt, seed=None if first.seed is None else first.seed + j)
+        for prompt in prompts
+        for j in range(request.n)
+    ]

@@ -13,7 +13,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 from ray.serve.deployment import Application
 
 from deployments.args import AppArgs
-from deployments.autoscaling import faser_autoscaling_policy
+from deployments.autoscaling import AUTO_MAX_REPLICAS, faser_autoscaling_policy
 from deployments.engine_deployment import FaserEngine
 from deployments.ingress import OpenAIIngress
 from deployments.router import LoadAwareRequestRouter
@@ -57,7 +57,8 @@ def _replicas(args: AppArgs) -> dict[str, Any]:
         return {"num_replicas": args.num_replicas}
     autoscaling = AutoscalingConfig(
         min_replicas=args.min_replicas,
-        max_replicas=args.max_replicas,
+        # "auto": the replicas report what the cluster holds and the policy keeps to it
+        max_replicas=AUTO_MAX_REPLICAS if args.max_replicas == "auto" else args.max_replicas,
         upscale_delay_s=args.upscale_delay_s,
         downscale_delay_s=args.downscale_delay_s,
         look_back_period_s=args.look_back_period_s,

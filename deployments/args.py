@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from deployments.access import MAX_BODY_BYTES
 from faser.config import EngineConfig, SpecConfig, parse_policy
@@ -42,10 +49,11 @@ class AppArgs(BaseModel):
     num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float = Field(default=1.0, gt=0)
 
-    # replicas and their resources
-    num_replicas: int | Literal["auto"] = 1
+    # replicas and their resources: autoscaled by default, up to as many replicas as the
+    # cluster's GPUs (device cuda) or CPUs hold ("auto", read as the cluster grows or shrinks)
+    num_replicas: int | Literal["auto"] = "auto"
     min_replicas: int = Field(default=1, ge=1)
-    max_replicas: int = Field(default=4, ge=1)
+    max_replicas: int | Literal["auto"] = "auto"
     target_load: float = Field(default=0.7, gt=0, le=4.0)  # autoscaling: busy fraction to aim at
     # autoscaling pace (Ray's AutoscalingConfig names): how long a decision must hold, how far
     # back the replicas' load is averaged and how often replicas report it (Ray 2.60 still
@@ -71,12 +79,12 @@ class AppArgs(BaseModel):
     api_keys: list[str] | None = None
     max_body_bytes: int = Field(default=MAX_BODY_BYTES, ge=1024)
 
-    @field_validator("num_replicas", mode="before")
+    @field_validator("num_replicas", "max_replicas", mode="before")
     @classmethod
-    def _replicas_from_text(cls, value: Any) -> Any:
+    def _replicas_from_text(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str) and value != "auto":
             if not value.isdigit():
-                raise ValueError("num_replicas must be a positive integer or 'auto'")
+                raise ValueError(f"{info.field_name} must be a positive integer or 'auto'")
             return int(value)
         return value
 
@@ -95,7 +103,7 @@ class AppArgs(BaseModel):
     def _consistent(self) -> AppArgs:
         if isinstance(self.num_replicas, int) and self.num_replicas < 1:
             raise ValueError("num_replicas must be >= 1 or 'auto'")
-        if self.max_replicas < self.min_replicas:
+        if isinstance(self.max_replicas, int) and self.max_replicas < self.min_replicas:
             raise ValueError("max_replicas must be >= min_replicas")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")

@@ -2,7 +2,8 @@
 
 It streams StreamStart / StreamDelta / RequestError events to the ingress, takes the fleet's
 load from the router with every request, and reports its load to the router
-(`record_routing_stats`) and the autoscaler (`record_autoscaling_stats`).
+(`record_routing_stats`) and the autoscaler (`record_autoscaling_stats`, with how many replicas
+the cluster holds when `max_replicas` is "auto").
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import ray
 import torch
 from ray import serve
 
 from deployments.args import AppArgs
+from deployments.autoscaling import replicas_that_fit
 from deployments.metrics import ReplicaMetrics
 from deployments.routing_policy import load_from_stats, replica_score
 from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
@@ -36,6 +39,10 @@ class FaserEngine:
         self.target_load = app_args.target_load
         self.served_model_name = app_args.served_model_name or engine.model_name
         self.capacity = config.max_num_seqs
+        # (CPUs, GPUs) of one replica, when the cluster's size bounds the fleet
+        self.auto_shape: tuple[float, float] | None = None
+        if app_args.max_replicas == "auto":
+            self.auto_shape = (app_args.num_cpus, app_args.gpus_per_replica)
         self.replica_id = _replica_id()
         self.serving = OpenAIServing(
             self.async_engine,
@@ -74,11 +81,15 @@ class FaserEngine:
     def record_autoscaling_stats(self) -> dict[str, float]:
         stats = self.async_engine.load_stats()
         load = replica_score(load_from_stats(self.replica_id, self.capacity, 0, stats))
-        return {
+        report = {
             "load": load,
             "target_load": self.target_load,
             "kv_usage": float(stats.get("kv_usage", 0.0)),
         }
+        if self.auto_shape is not None:
+            fits = replicas_that_fit(ray.cluster_resources(), *self.auto_shape)
+            report["max_replicas"] = float(fits)
+        return report
 
     def check_health(self) -> None:
         if not self.async_engine.is_alive():

@@ -1,25 +1,155 @@
 """The HTTP ingress deployment and the two ways it reaches an engine: a Ray handle to the
-engine deployment, or an engine in the same process (tests, single-process use)."""
+engine deployment, or an engine in the same process (tests, single-process use).
+
+Nothing is lost when an engine replica dies. When the replica serving a request dies (its process
+killed, its node gone: the stream raises Ray's ActorDiedError, or ActorUnavailableError while the
+replica cannot be reached), the ingress sends the request again with the tokens the client already
+has (`GenerateRequest.resume_token_ids`). Serve routes it to another replica, or holds it until
+the one it restarts is up, and that replica continues after those tokens
+(deployments/continuation.py). The client sees a pause, not an error, in a stream and in a
+non-streamed answer alike, under the same id, with usage counted over the whole answer.
+
+- Greedy requests (temperature 0 or top_k 1) continue exactly as they would have.
+- Sampled requests without a seed continue from the tokens sent: the rest is drawn from the
+  model's distribution given them, the very distribution an undisturbed run draws it from.
+- Sampled requests with a seed that have been sent tokens are not continued: a seed promises the
+  same answer to the same request, and no replica can rebuild the random state the dead one had
+  reached (how many numbers a step draws depends on its speculation), so a continuation would be
+  an answer that no run with that seed gives. They fail with the error below, and a retry is
+  served from the start and gives the seeded answer. Before any token is sent, every request is
+  simply sent again.
+- Requests with a presence or frequency penalty are not continued either once tokens were sent:
+  those penalties count the answer's tokens, and a continuation takes the sent ones for prompt.
+
+A request survives MAX_DEATHS deaths of its replica. After each, the continuation is sent at once
+(Serve has usually dropped the dead replica from its routing by then) and, while no replica has
+room for it (every queue full, or the one replica restarting), again after the waits of BACKOFF_S,
+for at most RESUME_WAIT_S. A request that cannot be continued ends as any engine failure does
+(deployments/api.py): an error event in the stream (a 500 if nothing was sent yet) of type
+`internal_error`, code `engine_failed` and a short message; Ray's own text goes to the ingress's
+log only.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
 from ray import serve
-from ray.serve.exceptions import BackPressureError
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.access import MAX_BODY_BYTES, Access
 from deployments.api import QueueFull, build_openai_app
 from deployments.router import CLUSTER_LOAD_KWARG
-from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
+from deployments.serving import (
+    GenerateRequest,
+    OpenAIServing,
+    RequestError,
+    StreamEvent,
+    StreamStart,
+)
+
+logger = logging.getLogger(__name__)
+
+# the replica died (ActorDiedError), cannot be reached (ActorUnavailableError), or had gone when
+# the router picked it: the request may go on elsewhere
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError)
+MAX_DEATHS = 3  # replica deaths one request survives
+BACKOFF_S = (0.0, 0.25, 0.5, 1.0, 2.0)  # before each try of a continuation; then the last again
+RESUME_WAIT_S = 60.0  # a restarted replica loads its models before it takes requests
+
+
+class ReplicaLost(RuntimeError):
+    """The replica serving a request died and the request could not be continued; the message is
+    for the logs (the client gets api.ENGINE_FAILED)."""
+
+
+class _Progress:
+    """What the client has been sent of one request: its start and the tokens of its deltas."""
+
+    def __init__(self, request: GenerateRequest) -> None:
+        self.request = request
+        self.start: StreamStart | None = None
+        self.sent_ids: list[int] = []
+        self.num_output_tokens = 0
+        self.finished = False
+
+    def next_request(self) -> GenerateRequest:
+        if not self.sent_ids:
+            return self.request
+        return replace(self.request, resume_token_ids=tuple(self.sent_ids))
+
+    def admit(self, event: StreamEvent) -> StreamEvent | None:
+        """The event as the client sees it; None for a resumed call's own start."""
+        if isinstance(event, StreamStart):
+            if self.start is not None:
+                return None
+            self.start = event
+            return event
+        if isinstance(event, RequestError):
+            if self.start is None:  # the request itself is refused: the client's answer
+                return event
+            raise ReplicaLost(f"the continuation was refused: {event.message}")
+        self.sent_ids += event.token_ids
+        self.num_output_tokens = event.num_output_tokens
+        self.finished = event.finished
+        event.request_id = self.start.request_id  # the continuation's own id stays inside
+        return event
+
+    def why_not_resumable(self) -> str | None:
+        if not self.sent_ids:
+            return None
+        if len(self.sent_ids) != self.num_output_tokens:
+            return "the tokens received do not add up to the count sent"
+        request = self.request
+        if request.seed is not None and request.temperature != 0 and request.top_k != 1:
+            return "a sampled request with a seed cannot continue as its seed would have"
+        if request.presence_penalty or request.frequency_penalty:
+            return "presence and frequency penalties count only the continuation's own output"
+        return None
+
+
+class _Resumption:
+    """When a request whose replica died is sent again, and when it is given up."""
+
+    def __init__(self) -> None:
+        self.num_deaths = 0
+        self.num_tries = 0
+        self.deadline = 0.0
+
+    def wait_s(self) -> float | None:
+        """How long the next call may wait for its first event; no bound before any death."""
+        return max(0.0, self.deadline - time.monotonic()) if self.num_deaths else None
+
+    def died(self) -> None:
+        self.num_deaths += 1
+        self.num_tries = 0
+        self.deadline = time.monotonic() + RESUME_WAIT_S
+
+    def why_given_up(self) -> str | None:
+        if self.num_deaths > MAX_DEATHS:
+            return f"the request lost its replica {self.num_deaths} times"
+        return None
+
+    async def backoff(self) -> None:
+        delay = BACKOFF_S[min(self.num_tries, len(BACKOFF_S) - 1)]
+        self.num_tries += 1
+        if time.monotonic() + delay > self.deadline:
+            raise ReplicaLost(f"no replica took the continuation in {RESUME_WAIT_S} s")
+        await asyncio.sleep(delay)
 
 
 class RayEngineClient:
-    """Streams from the engine deployment; the router fills in `cluster_load`."""
+    """Streams from the engine deployment; the router fills in `cluster_load`. A request whose
+    replica dies is continued on another (see the module's docstring)."""
 
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle
@@ -37,22 +167,59 @@ class RayEngineClient:
         return await self.handle.detokenize.remote(ids)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        progress = _Progress(request)
+        resumption = _Resumption()
+        while True:
+            try:
+                async for event in self._call(progress.next_request(), resumption.wait_s()):
+                    if (event := progress.admit(event)) is not None:
+                        yield event
+                return
+            except BackPressureError as exc:
+                if progress.start is None:  # nothing sent yet: the client can be told to wait
+                    raise QueueFull(str(exc)) from exc
+                # a continuation finds every queue full: it waits for room, as it would for a
+                # restarting replica
+            except REPLICA_LOST as exc:
+                if progress.finished:
+                    return
+                resumption.died()
+                _check_resumable(progress, resumption, exc)
+            except TimeoutError as exc:
+                raise ReplicaLost(f"no replica took the continuation in {RESUME_WAIT_S} s") from exc
+            await resumption.backoff()
+
+    async def _call(
+        self, request: GenerateRequest, wait_s: float | None
+    ) -> AsyncIterator[StreamEvent]:
+        """One call to an engine replica; `wait_s` bounds the wait for its first event. Leaving
+        early cancels the call, which aborts the engine's request."""
         kwargs = {CLUSTER_LOAD_KWARG: None}
         responses = self.handle.options(stream=True).generate.remote(request, **kwargs)
-        try:
-            first = await anext(responses)
-        except BackPressureError as exc:
-            raise QueueFull(str(exc)) from exc
         finished = False
         try:
+            async with asyncio.timeout(wait_s):
+                first = await anext(responses)
             yield first
             async for event in responses:
                 yield event
             finished = True
         finally:
-            if not finished:  # the client left: cancel the engine call, which aborts it
+            if not finished:
                 with contextlib.suppress(Exception):
                     responses.cancel()
+
+
+def _check_resumable(progress: _Progress, resumption: _Resumption, exc: Exception) -> None:
+    """Logs the loss (Ray's text stays here) and raises ReplicaLost if the request cannot go on."""
+    reason = resumption.why_given_up() or progress.why_not_resumable()
+    logger.warning(
+        "engine replica lost under a request after %d tokens (its death %d), %s: %s",
+        len(progress.sent_ids), resumption.num_deaths,
+        f"not resumed ({reason})" if reason else "resuming it", exc,
+    )
+    if reason is not None:
+        raise ReplicaLost(reason) from exc
 
 
 class LocalEngineClient:

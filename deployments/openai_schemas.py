@@ -4,7 +4,7 @@ Requests are parsed in strict mode from the raw JSON bytes, so a wrongly-typed f
 where a number goes, a bool where an integer goes) is a 400, never silently coerced. A request
 never quietly gets something else than it asked for: fields that change nothing here (`user`,
 `metadata`, ...) are ignored, fields this server does not implement are accepted only at the value
-that turns them off (clients send `presence_penalty: 0` by default), and any other field is a 400
+that turns them off (clients send `logit_bias: {}` or `tools: []`), and any other field is a 400
 that names it.
 """
 
@@ -19,13 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from faser.config import POLICIES, parse_policy
 
 MAX_STOP_STRINGS = 4
+MAX_CHOICES = 64  # n times the prompts of one request: each choice is an engine request
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's cap)
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs (OpenAI's cap)
 # fields that change no output: ignored
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "stream_options", "safety_identifier", "prompt_cache_key"})
-# fields not implemented here, and the values that mean "off"
+# fields not implemented here, and the values that mean "off"; `top_logprobs` (chat's) and
+# `echo` (completions') are fields of the endpoint that implements them, refused on the other
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1), "min_p": (None, 0), "logprobs": (None, False, 0),
     "top_logprobs": (None, 0), "prompt_logprobs": (None, 0), "echo": (None, False),
     "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
     "tool_choice": (None, "none"), "function_call": (None, "none"), "best_of": (None, 1),
@@ -87,11 +89,17 @@ class _SamplingRequest(_Request):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=-1)  # vLLM's extension; -1 or 0: no top-k
-    n: int = Field(default=1, ge=1, le=1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # vLLM's extension (Hugging Face's semantics): > 1 makes a seen token less likely
+    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    # choices per prompt, each its own engine request; with a seed, choice j draws with seed + j
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # vLLM's int64 range
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
     slo: SloOptions | None = None
@@ -127,24 +135,41 @@ class _SamplingRequest(_Request):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields as GenerateRequest takes them (None: the field's off value)."""
+        return dict(
+            temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
+            min_p=self.min_p or 0.0, presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            seed=self.seed, stop=self.stop_strings(), ignore_eos=self.ignore_eos,
+        )
+
 
 class CompletionRequest(_SamplingRequest):
-    # one prompt (n=1): text, token ids, or a list holding one text
-    prompt: str | list[int] | list[str]
+    # a prompt (text or token ids) or a batch of them; choice i * n + j answers prompt i
+    prompt: str | list[int] | list[str] | list[list[int]]
+    # the target's logprobs of each token and of this many likeliest alternatives
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
+    echo: bool | None = None  # the answer repeats the prompt (with its logprobs, if asked)
 
     @field_validator("prompt")
     @classmethod
-    def _one_prompt(cls, prompt: str | list[int] | list[str]) -> str | list[int] | list[str]:
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str) and len(prompt) > 1:
-            raise ValueError("only one prompt per request is supported")
-        if len(prompt) == 0:
+    def _some_prompts(cls, prompt: Any) -> Any:
+        if len(prompt) == 0 or (isinstance(prompt[0], str | list) and any(not p for p in prompt)):
             raise ValueError("prompt must not be empty")
         return prompt
 
-    def prompt_input(self) -> str | list[int]:
-        if isinstance(self.prompt, list) and isinstance(self.prompt[0], str):
-            return self.prompt[0]
-        return self.prompt  # type: ignore[return-value]
+    @model_validator(mode="after")
+    def _few_choices(self) -> CompletionRequest:
+        if len(self.prompts()) * self.n > MAX_CHOICES:
+            raise RefusedField("n", f"n times the prompts may be at most {MAX_CHOICES}")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.prompt, str) or isinstance(self.prompt[0], int):
+            return [self.prompt]  # type: ignore[list-item]
+        return list(self.prompt)  # type: ignore[arg-type]
 
 
 class TextPart(_Request):
@@ -165,6 +190,18 @@ class ChatMessage(_Request):
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise RefusedField("top_logprobs", "needs logprobs: true")
+        return self
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -220,11 +257,20 @@ class _Response(BaseModel):
     model: str
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(_Response):
@@ -240,11 +286,25 @@ class ChatMessageOut(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatMessageOut
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(_Response):
@@ -264,7 +324,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_Response):

@@ -8,12 +8,20 @@ the HTTP ingress, so the ingress needs neither the tokenizer nor the engine.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from faser.engine.async_engine import AsyncLLMEngine, StreamDelta, TextDeltas, to_delta
+from deployments.continuation import Continuation
+from faser.engine.async_engine import (
+    AsyncLLMEngine,
+    StreamDelta,
+    TextDeltas,
+    TextLogprob,
+    to_delta,
+)
 from faser.outputs import RequestOutput
 from faser.sampling_params import SamplingParams
 
@@ -29,11 +37,20 @@ class GenerateRequest:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # alternatives per output token; None: no logprobs
+    echo: bool = False  # completion: the answer starts with the prompt (and its logprobs)
     speculation: dict[str, Any] | None = None  # {"policy": ..., "max_k": ...}, None values dropped
     slo: dict[str, float] | None = None  # {"tpot_ms": ..., "ttft_ms": ...}, None values dropped
+    # the tokens a client already has of this request, sent by a replica that died: this one
+    # continues after them (deployments/continuation.py)
+    resume_token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +59,9 @@ class StreamStart:
     num_prompt_tokens: int
     replica: str = ""
     policy: str | None = None  # the replica's default policy
+    prompt_text: str | None = None  # echo: the prompt as the answer repeats it
+    # echo with logprobs: one per prompt token (the first one's logprob is None)
+    prompt_logprobs: tuple[TextLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,8 @@ class OpenAIServing:
         self.replica = replica
         self.policy = policy
         self.default_slo = default_slo or {}  # the deployment's; a request's own fields win
+        # a token's text for logprobs, decoded once per token id
+        self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         request_id = uuid.uuid4().hex
@@ -87,9 +109,13 @@ class OpenAIServing:
             prompt_ids = self.prompt_ids(request)
             params = self.sampling_params(request, len(prompt_ids))
             slo = {**self.default_slo, **(request.slo or {})} or None
-            outputs = self.engine.generate(
-                request_id, prompt_ids, params, request.speculation, slo
+            resumed = Continuation(
+                request.resume_token_ids, len(prompt_ids), params.stop, self.tokenizer
             )
+            outputs = resumed.outputs(self.engine.generate(
+                request_id, resumed.engine_prompt(prompt_ids), resumed.params(params),
+                request.speculation, slo,
+            ))
             first = await anext(outputs)
         except BadRequest as exc:
             yield RequestError(400, str(exc), exc.param)
@@ -97,9 +123,9 @@ class OpenAIServing:
         except ValueError as exc:  # the engine's own validation
             yield RequestError(400, str(exc))
             return
-        deltas = TextDeltas(params.stop)
+        deltas = resumed.text_deltas()
         try:
-            yield StreamStart(request_id, len(prompt_ids), self.replica, self.policy)
+            yield self._start(request_id, request, prompt_ids, first)
             yield self._delta(first, deltas)
             async for output in outputs:
                 yield self._delta(output, deltas)
@@ -123,8 +149,25 @@ class OpenAIServing:
             return RequestError(400, str(exc), exc.param)
         return {"prompt": self.tokenizer.decode(ids)}
 
+    def _start(
+        self, request_id: str, request: GenerateRequest, prompt_ids: list[int],
+        first: RequestOutput,
+    ) -> StreamStart:
+        start = StreamStart(request_id, len(prompt_ids), self.replica, self.policy)
+        if not request.echo:
+            return start
+        text = request.prompt if isinstance(request.prompt, str) else self._decode(prompt_ids)
+        scored = None
+        if first.prompt_logprobs is not None:
+            scored = tuple(TextLogprob.of(token, lp, self.token_text)
+                           for token, lp in zip(prompt_ids, first.prompt_logprobs, strict=False))
+        return replace(start, prompt_text=text, prompt_logprobs=scored)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
     def _delta(self, output: RequestOutput, deltas: TextDeltas) -> StreamDelta:
-        delta = to_delta(output, deltas)
+        delta = to_delta(output, deltas, self.token_text)
         if delta.finished:
             delta.mode = self.engine.load_stats().get("mode")
         return delta
@@ -162,7 +205,19 @@ class OpenAIServing:
             seed=request.seed,
             stop=request.stop,
             ignore_eos=request.ignore_eos,
+            min_p=request.min_p,
+            presence_penalty=request.presence_penalty,
+            frequency_penalty=request.frequency_penalty,
+            repetition_penalty=request.repetition_penalty,
+            logprobs=request.logprobs,
+            prompt_logprobs=request.logprobs if request.echo else None,
         )
+
+    def _token_text(self, token_id: int) -> str:
+        """vLLM's shape: the token decoded alone, or "token_id:N" without a tokenizer."""
+        if self.tokenizer is None:
+            return f"token_id:{token_id}"
+        return self.tokenizer.decode([token_id])
 
     def _render(self, request: GenerateRequest) -> list[int]:
         if request.kind == "chat":

@@ -36,3 +36,30 @@ def ray_serve():
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_app(tiny_pair):
+    """The OpenAI app over an engine in this process (LocalEngineClient, no Ray), served as
+    model "tiny"; drive it with fastapi's TestClient (an httpx client, so the openai client
+    takes it as its http_client)."""
+    import torch
+
+    from deployments.api import build_openai_app
+    from deployments.ingress import LocalEngineClient
+    from deployments.serving import OpenAIServing
+    from faser.config import EngineConfig, SpecConfig
+    from faser.engine.async_engine import AsyncLLMEngine
+    from faser.engine.llm_engine import LLMEngine
+
+    torch.set_num_threads(1)
+    target, draft = tiny_pair
+    config = EngineConfig(
+        model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
+        num_kv_blocks=128, max_num_seqs=8, num_threads=1,
+    )
+    engine = LLMEngine(config)
+    async_engine = AsyncLLMEngine(engine, idle_wait_s=0.01)
+    serving = OpenAIServing(async_engine, engine.tokenizer, engine.max_model_len, policy="fixed")
+    yield build_openai_app(LocalEngineClient(serving, "tiny"))
+    async_engine.shutdown()

@@ -52,9 +52,19 @@ def test_cpu_replicas_default_to_no_gpu_and_one_thread():
         b'{"model": "m", "prompt": "hi", "max_tokens": "5"}',  # string for an integer
         b'{"model": "m", "prompt": "hi", "temperature": -0.5}',
         b'{"model": "m", "prompt": "hi", "stream": "yes"}',
-        b'{"model": "m", "prompt": "hi", "n": 2}',
+        b'{"model": "m", "prompt": "hi", "n": 0}',
+        b'{"model": "m", "prompt": "hi", "n": 65}',
+        b'{"model": "m", "prompt": ["a", "b"], "n": 33}',  # 66 choices
         b'{"model": "m", "prompt": ""}',
-        b'{"model": "m", "prompt": ["a", "b"]}',
+        b'{"model": "m", "prompt": ["a", ""]}',
+        b'{"model": "m", "prompt": [[1], []]}',
+        b'{"model": "m", "prompt": [1, "a"]}',
+        b'{"model": "m", "prompt": "hi", "logprobs": 6}',
+        b'{"model": "m", "prompt": "hi", "logprobs": true}',
+        b'{"model": "m", "prompt": "hi", "presence_penalty": 2.5}',
+        b'{"model": "m", "prompt": "hi", "repetition_penalty": 0}',
+        b'{"model": "m", "prompt": "hi", "min_p": 1.5}',
+        b'{"model": "m", "prompt": "hi", "seed": 9223372036854775808}',
         b'{"model": "m", "prompt": "hi", "speculation": {"policy": "magic"}}',
         b'{"model": "m", "prompt": "hi", "speculation": {"max_k": -1}}',
         b'{"prompt": "hi"}',
@@ -111,7 +121,10 @@ def test_bad_policy_with_k_is_rejected(speculation):
     [
         {"user": "u1", "metadata": {"a": "b"}, "store": False},  # change nothing: ignored
         {"presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False, "n": 1},  # off
-        {"tools": [], "response_format": {"type": "text"}, "logit_bias": {}},
+        {"tools": [], "response_format": {"type": "text"}, "logit_bias": {}, "echo": False},
+        {"presence_penalty": None, "repetition_penalty": None, "min_p": None, "top_logprobs": 0},
+        {"presence_penalty": 0.5, "frequency_penalty": -2, "repetition_penalty": 1.2,
+         "min_p": 0.1, "logprobs": True, "top_logprobs": 20, "n": 4},  # implemented
     ],
 )
 def test_harmless_and_switched_off_fields_are_accepted(extra):
@@ -122,10 +135,11 @@ def test_harmless_and_switched_off_fields_are_accepted(extra):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("presence_penalty", 0.5), ("frequency_penalty", 1), ("repetition_penalty", 1.2),
-        ("logprobs", True), ("top_logprobs", 2), ("logit_bias", {"50": 10}),
+        ("top_logprobs", 2),  # without logprobs: true
+        ("echo", True),  # completions only
+        ("prompt_logprobs", 1), ("best_of", 2), ("logit_bias", {"50": 10}),
         ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
-        ("min_p", 0.1), ("max_tokns", 5),
+        ("max_tokns", 5),
     ],
 )
 def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
@@ -134,6 +148,29 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
         ChatCompletionRequest.model_validate_json(json.dumps(body))
     refused = info.value.errors()[0]["ctx"]["error"]
     assert isinstance(refused, RefusedField) and refused.param == field
+
+
+def test_completion_batches_fan_out_prompt_major_with_seeds_per_choice():
+    from deployments.api import to_generate_requests
+
+    body = {"model": "m", "prompt": [[1, 2], [3]], "n": 2, "seed": 10, "logprobs": 0,
+            "echo": True, "presence_penalty": 0.5}
+    requests = to_generate_requests(CompletionRequest.model_validate_json(json.dumps(body)))
+    assert [(r.prompt, r.seed) for r in requests] == [
+        ([1, 2], 10), ([1, 2], 11), ([3], 10), ([3], 11)
+    ]
+    assert all(r.logprobs == 0 and r.echo and r.presence_penalty == 0.5 for r in requests)
+    body = {"model": "m", "messages": [{"role": "user", "content": "a"}], "logprobs": True}
+    chat = to_generate_request(ChatCompletionRequest.model_validate_json(json.dumps(body)))
+    assert chat.logprobs == 0 and chat.seed is None and chat.repetition_penalty == 1.0
+
+
+@pytest.mark.parametrize("field", ["top_logprobs", "prompt_logprobs", "best_of", "suffix"])
+def test_completions_refuse_what_they_do_not_implement(field):
+    body = {"model": "m", "prompt": "hi", field: 2}
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate_json(json.dumps(body))
+    assert info.value.errors()[0]["ctx"]["error"].param == field
 
 
 def test_top_k_is_taken_and_minus_one_means_none():

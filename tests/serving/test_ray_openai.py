@@ -238,8 +238,8 @@ def test_burst_past_the_queue_gets_503s_and_every_accepted_request_completes(bas
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("logit_bias", {"5": 10}), ("presence_penalty", 0.7), ("logprobs", True),
-     ("response_format", {"type": "json_object"})],
+    [("logit_bias", {"5": 10}), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+     ("top_logprobs", 2), ("response_format", {"type": "json_object"})],
 )
 def test_a_field_that_would_change_the_output_is_a_400_naming_it(client, field, value):
     with pytest.raises(openai.BadRequestError) as info:
@@ -259,6 +259,21 @@ def test_switched_off_fields_and_top_k_are_served(client):
     top1 = client.chat.completions.create(temperature=1.0, seed=3, extra_body={"top_k": 1},
                                           **kwargs)
     assert top1.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_choices_and_logprobs_cross_ray(client):
+    """n = 2 fans out into two engine requests, each routed on its own; the logprobs' token
+    texts come from the replica (the ingress holds no tokenizer)."""
+    kwargs = dict(model=MODEL, prompt="Hello", max_tokens=5, temperature=0, n=2, logprobs=2,
+                  echo=True, extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    done = client.completions.create(**kwargs)
+    assert [c.index for c in done.choices] == [0, 1]
+    assert done.choices[0].logprobs == done.choices[1].logprobs  # greedy: the same answer
+    assert done.choices[0].text.startswith("Hello") and done.usage.completion_tokens == 10
+    streamed = list(client.completions.create(stream=True, **kwargs))
+    text = "".join(c.choices[0].text for c in streamed if c.choices and c.choices[0].index == 0)
+    assert text == done.choices[0].text
+    wait_all_blocks_free()
 
 
 def test_tokenize_detokenize_and_version_in_vllms_shapes(base_url, client, tokenizer):

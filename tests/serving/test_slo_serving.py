@@ -7,9 +7,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from deployments.api import speculation_report, to_generate_request
+from deployments.api import to_generate_request
 from deployments.args import AppArgs
 from deployments.openai_schemas import ChatCompletionRequest, CompletionRequest
+from deployments.responses import speculation_report
 from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamStart
 from faser.config import EngineConfig, SpecConfig
 from faser.engine.async_engine import AsyncLLMEngine, StreamDelta

@@ -1,0 +1,186 @@
+"""The OpenAI features of issue 31 over the real HTTP app, in process (no Ray): the official
+openai client against build_openai_app over a LocalEngineClient, on tiny random-weight models.
+Each feature once, streamed and not: logprobs (chat and completions), top_logprobs, echo with
+prompt logprobs, n, batched prompts, penalties and min_p."""
+
+from __future__ import annotations
+
+import math
+
+import openai
+import pytest
+from fastapi.testclient import TestClient
+
+MODEL = "tiny"
+MESSAGES = [{"role": "user", "content": "Hello, world!"}]
+GREEDY = dict(model=MODEL, temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
+
+
+@pytest.fixture(scope="module")
+def http(local_app):
+    with TestClient(local_app) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
+                         max_retries=0)
+
+
+def off(extra: dict | None = None) -> dict:
+    """Speculation off for this request: the reference the speculating answers must equal."""
+    return {"ignore_eos": True, "speculation": {"policy": "off"}, **(extra or {})}
+
+
+def test_chat_logprobs_equal_with_and_without_speculation(client):
+    kwargs = dict(GREEDY, messages=MESSAGES, logprobs=True, top_logprobs=3)
+    spec = client.chat.completions.create(**kwargs)
+    plain = client.chat.completions.create(**{**kwargs, "extra_body": off()})
+    assert spec.model_extra["speculation"]["drafted"] > 0
+    content = spec.choices[0].logprobs.content
+    assert [c.model_dump() for c in content] == [
+        c.model_dump() for c in plain.choices[0].logprobs.content
+    ]
+    assert "".join(c.token for c in content) == spec.choices[0].message.content
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.logprob >= entry.top_logprobs[-1].logprob  # greedy: the likeliest
+        assert entry.bytes == list(entry.token.encode())
+    streamed = client.chat.completions.create(stream=True, **kwargs)
+    chunks = [c for c in streamed if c.choices and c.choices[0].logprobs]
+    flat = [e.model_dump() for c in chunks for e in c.choices[0].logprobs.content]
+    assert flat == [c.model_dump() for c in content]
+
+
+def test_chat_without_top_logprobs_and_top_logprobs_alone(client, http):
+    done = client.chat.completions.create(messages=MESSAGES, logprobs=True, **GREEDY)
+    assert all(c.top_logprobs == [] for c in done.choices[0].logprobs.content)
+    assert client.chat.completions.create(messages=MESSAGES, **GREEDY).choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(messages=MESSAGES, top_logprobs=2, **GREEDY)
+    assert info.value.body["param"] == "top_logprobs"
+
+
+def test_completion_logprobs_streamed_and_not(client):
+    kwargs = dict(GREEDY, prompt="The quick brown fox", logprobs=2)
+    done = client.completions.create(**kwargs)
+    plain = client.completions.create(**{**kwargs, "extra_body": off()})
+    lp = done.choices[0].logprobs
+    assert lp == plain.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert "".join(lp.tokens) == done.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(8)]
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert top[token] == logprob and 1 <= len(top) <= 3
+    chunks = list(client.completions.create(stream=True, **kwargs))
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+    assert [t for s in streamed for t in s.token_logprobs] == lp.token_logprobs
+    assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+
+
+def test_echo_with_prompt_logprobs(client):
+    prompt = "One two three four"
+    done = client.completions.create(**dict(GREEDY, prompt=prompt, echo=True, logprobs=1))
+    choice = done.choices[0]
+    num_prompt = done.usage.prompt_tokens
+    assert choice.text.startswith(prompt)
+    lp = choice.logprobs
+    assert len(lp.tokens) == num_prompt + 8
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    assert "".join(lp.tokens[:num_prompt]) == prompt
+    assert lp.token_logprobs[num_prompt:] == client.completions.create(
+        **dict(GREEDY, prompt=prompt, logprobs=1)).choices[0].logprobs.token_logprobs
+    streamed = list(client.completions.create(stream=True, **dict(
+        GREEDY, prompt=prompt, echo=True, logprobs=1)))
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == choice.text
+    echo_only = client.completions.create(**dict(GREEDY, prompt=prompt, echo=True))
+    assert echo_only.choices[0].text == choice.text and echo_only.choices[0].logprobs is None
+
+
+def test_loglikelihood_as_lm_eval_asks_for_it(http):
+    """lm-eval's local-completions loglikelihood body: a batch of token-id prompts, echoed with
+    one logprob each and one generated token."""
+    prompts = [[5, 6, 7, 8], [9, 10]]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 1, "temperature": 0,
+            "logprobs": 1, "echo": True, "seed": 1234}
+    answer = http.post("/v1/completions", json=body).json()
+    for prompt, choice in zip(prompts, answer["choices"], strict=True):
+        logprobs = choice["logprobs"]
+        assert len(logprobs["token_logprobs"]) == len(prompt) + 1
+        assert logprobs["token_logprobs"][0] is None
+        assert all(len(top) in (1, 2) for top in logprobs["top_logprobs"][1:])
+
+
+def test_n_choices_and_seeds(client):
+    kwargs = dict(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=1.0, seed=5,
+                  n=3, extra_body={"ignore_eos": True})
+    done = client.chat.completions.create(**kwargs)
+    assert [c.index for c in done.choices] == [0, 1, 2]
+    texts = [c.message.content for c in done.choices]
+    assert len(set(texts)) > 1  # choice j draws with seed + j
+    assert done.usage.completion_tokens == 36
+    single = client.chat.completions.create(**{**kwargs, "n": 1, "seed": 6})
+    assert single.choices[0].message.content == texts[1]
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    streamed = {i: "" for i in range(3)}
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] += c.delta.content or ""
+    assert [streamed[i] for i in range(3)] == texts
+    finals = [c.choices[0].index for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finals) == [0, 1, 2]
+
+
+def test_batched_prompts_are_prompt_major(client):
+    prompts = ["The quick brown fox", "Hello, world!"]
+    done = client.completions.create(**dict(GREEDY, prompt=prompts, n=2))
+    assert [c.index for c in done.choices] == [0, 1, 2, 3]
+    alone = [client.completions.create(**dict(GREEDY, prompt=p)).choices[0].text
+             for p in prompts]
+    assert [c.text for c in done.choices] == [alone[0], alone[0], alone[1], alone[1]]
+    ids = client.completions.create(**dict(GREEDY, prompt=[[5, 6, 7], [8, 9]]))
+    assert len(ids.choices) == 2 and ids.usage.prompt_tokens == 5
+    chunks = list(client.completions.create(stream=True, **dict(GREEDY, prompt=prompts)))
+    streamed = ["", ""]
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == alone
+
+
+@pytest.mark.parametrize("penalty", [
+    {"presence_penalty": 1.5}, {"frequency_penalty": 2.0}, {"repetition_penalty": 3.0},
+])
+def test_penalties_change_greedy_output_and_stay_lossless(client, penalty):
+    kwargs = dict(GREEDY, prompt=[5, 6, 7, 5, 6, 7], max_tokens=24)
+    plain = client.completions.create(**kwargs).choices[0].text
+    body = dict(kwargs, extra_body={"ignore_eos": True, **penalty})
+    penalised = client.completions.create(**body)
+    assert penalised.choices[0].text != plain
+    assert penalised.model_extra["speculation"]["drafted"] > 0
+    reference = client.completions.create(**dict(kwargs, extra_body=off(penalty)))
+    assert penalised.choices[0].text == reference.choices[0].text
+    streamed = client.completions.create(stream=True, **body)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == reference.choices[0].text
+
+
+def test_min_p_one_leaves_only_the_likeliest_token(client):
+    kwargs = dict(model=MODEL, messages=MESSAGES, max_tokens=8, seed=1)
+    greedy = client.chat.completions.create(temperature=0, extra_body={"ignore_eos": True},
+                                            **kwargs)
+    sampled = client.chat.completions.create(temperature=1.5, **kwargs,
+                                             extra_body={"min_p": 1.0, "ignore_eos": True})
+    assert sampled.choices[0].message.content == greedy.choices[0].message.content
+    loose = client.chat.completions.create(temperature=1.5, stream=True, **kwargs,
+                                           extra_body={"min_p": 0.0, "ignore_eos": True})
+    assert "".join(c.choices[0].delta.content or "" for c in loose if c.choices) != (
+        greedy.choices[0].message.content)
+
+
+def test_logprobs_are_finite_json(http):
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 3, "logprobs": 5, "echo": True}
+    answer = http.post("/v1/completions", json=body).json()
+    values = [v for v in answer["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
+    assert values and all(math.isfinite(v) for v in values)

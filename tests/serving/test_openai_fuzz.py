@@ -1,0 +1,105 @@
+"""A fuzz of bad bodies against the real HTTP app in process (no Ray): seeded random mutations of
+valid completion and chat requests (wrong types, out-of-range numbers, unknown and unsupported
+fields, missing fields, broken JSON). No body may get a 5xx, every 4xx is an OpenAI error, and a
+body that carries an output-changing field this server does not implement is never a 200."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from fastapi.testclient import TestClient
+
+NUM_BODIES = 400
+COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 3}
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+# fields that would change the output and are not implemented, with values that do not turn
+# them off; echo and top_logprobs are implemented by one endpoint each
+UNSUPPORTED = {
+    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+    "functions": [{"name": "f"}], "function_call": "auto", "logit_bias": {"5": 10},
+    "response_format": {"type": "json_object"}, "best_of": 3, "suffix": "end",
+    "prompt_logprobs": 1, "min_tokens": 2, "stop_token_ids": [5], "modalities": ["audio"],
+}
+UNSUPPORTED_BY = {"/v1/chat/completions": {"echo": True}, "/v1/completions": {"top_logprobs": 2}}
+# fields both endpoints take, and values inside and outside their ranges
+FIELDS = {
+    "max_tokens": [1, 5, 0, -3, 10**6], "temperature": [0, 0.7, 2.5, -1],
+    "top_p": [0.5, 1, 0, 1.5], "top_k": [-1, 0, 5, -2], "min_p": [0.1, 0, 1, -0.1, 1.1],
+    "presence_penalty": [0.5, -2, 2.1, -3], "frequency_penalty": [1, 2, -2.5, 9],
+    "repetition_penalty": [1.2, 0.5, 0, -1], "n": [1, 2, 0, 65, -1], "seed": [0, -5, 2**64],
+    "stop": ["x", ["a", "b"], [""], ["a"] * 5], "stream": [True, False],
+    "ignore_eos": [True, False], "speculation": [{"policy": "off"}, {"max_k": 99}],
+    "slo": [{"tpot_ms": 50}, {"ttft_ms": -1}], "stream_options": [{"include_usage": True}],
+    "user": ["someone"], "metadata": [{"a": "b"}],
+}
+ENDPOINT_FIELDS = {
+    "/v1/completions": {"logprobs": [0, 2, 5, 6, -1, True], "echo": [True, False],
+                        "prompt": ["", [], ["a", "b"], [[1, 2], [3]], [1, "a"], [[]],
+                                   [10**9], [1, 2, 3], 5]},
+    "/v1/chat/completions": {"logprobs": [True, False, 1], "top_logprobs": [0, 3, 20, 21, -1],
+                             "max_completion_tokens": [2, 0],
+                             "messages": [[], [{"role": "tool", "content": "x"}],
+                                          [{"role": "user"}], [{"role": "user", "content": 5}],
+                                          [{"role": "user", "content": [{"type": "image"}]}]]},
+}
+WRONG_TYPES = ["1", None, [], {}, True, 1.5, 10**30, "NaN", -(10**30)]
+
+
+def mutate(rng: random.Random, path: str, body: dict) -> tuple[bytes, bool]:
+    """A mutated body and whether it carries an unsupported output-changing field."""
+    body = json.loads(json.dumps(body))
+    fields = {**FIELDS, **ENDPOINT_FIELDS[path]}
+    for _ in range(rng.randint(1, 2)):
+        kind = rng.choices(range(7), weights=[6, 3, 2, 2, 1, 1, 1])[0]
+        if kind == 0:  # a known field, in or out of its range
+            name = rng.choice(sorted(fields))
+            body[name] = rng.choice(fields[name])
+        elif kind == 1:  # a known field of the wrong type
+            body[rng.choice(sorted(fields))] = rng.choice(WRONG_TYPES)
+        elif kind == 2:  # an unknown field
+            body[f"x_{rng.randrange(1000)}"] = rng.choice(WRONG_TYPES)
+        elif kind == 3:  # an unsupported field
+            name, value = rng.choice(sorted({**UNSUPPORTED, **UNSUPPORTED_BY[path]}.items()))
+            body[name] = value
+        elif kind == 4 and body:  # a missing field
+            del body[rng.choice(sorted(body))]
+        elif kind == 5:  # broken JSON
+            raw = json.dumps(body).encode()
+            return raw[: rng.randrange(len(raw))], carries_unsupported(path, body)
+        elif kind == 6:  # not an object, or a number JSON cannot hold
+            raw = json.dumps(body).replace('"max_tokens": 3', '"max_tokens": 1e999')
+            raw = rng.choice([b"[1, 2]", b"null", b'"text"', raw.encode()])
+            return raw, carries_unsupported(path, body)
+    return json.dumps(body).encode(), carries_unsupported(path, body)
+
+
+def carries_unsupported(path: str, body: dict) -> bool:
+    return any(name in body for name in {**UNSUPPORTED, **UNSUPPORTED_BY[path]})
+
+
+@pytest.fixture(scope="module")
+def http(local_app):
+    with TestClient(local_app, raise_server_exceptions=False) as client:
+        yield client
+
+
+def test_fuzzed_bodies_get_no_5xx_and_no_silently_ignored_field(http):
+    rng = random.Random(31)
+    statuses: dict[int, int] = {}
+    for i in range(NUM_BODIES):
+        path = "/v1/completions" if i % 2 else "/v1/chat/completions"
+        content, unsupported = mutate(rng, path, COMPLETION if i % 2 else CHAT)
+        response = http.post(path, content=content, headers={"content-type": "application/json"})
+        status = response.status_code
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500 and "engine_failed" not in response.text, (path, content)
+        if unsupported:
+            assert status != 200, (path, content)
+        if status >= 400:
+            error = response.json()["error"]
+            assert error["message"] and error["type"], response.text
+    assert statuses.get(200, 0) >= 40 and statuses.get(400, 0) >= 250, statuses  # both seen
+
+
