@@ -101,11 +101,10 @@ class Proposer:
             if self.runner.reads_features:
                 ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
                 guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))
-            params = [seqs[i].params for i in active]
             # the draft's own tokens so far are the output its penalties look at
             histories = [history(seqs[i], proposal.draft_token_ids[i]) for i in active]
-            rows, confidence = self._request_rows(logits, params, histories)
-            tokens, confidences = self._pick_rows([seqs[i] for i in active], rows, confidence)
+            tokens, confidences, rows = self._picks(
+                [seqs[i] for i in active], logits, histories)
             looked_up = [False] * len(active)
             if tails is not None:
                 contexts = [tails[i] + proposal.draft_token_ids[i] for i in active]
@@ -148,11 +147,9 @@ class Proposer:
             seq.num_draft_cached = len(context)
             chunks.append(Chunk(context[start:], start, seq.block_table, num_logits=1))
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
-        params = [seq.params for seq in seqs]
         histories = [history(seq, context[seq.num_tokens :])
                      for seq, context in zip(seqs, contexts, strict=True)]
-        rows, confidence = self._request_rows(logits, params, histories)
-        tokens, confidences = self._pick_rows(seqs, rows, confidence)
+        tokens, confidences, rows = self._picks(seqs, logits, histories)
         if self.prompt_lookup:
             _index_committed(seqs)
             tails = [context[-MAX_N:] for context in contexts]
@@ -178,6 +175,23 @@ class Proposer:
                 features = guess[None]
         seq.num_draft_cached = start + len(tokens)
         return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
+
+    def _picks(
+        self, seqs: list[SpecRequest], logits: torch.Tensor, histories
+    ) -> tuple[list[int], list[float], torch.Tensor | None]:
+        """Each row's token, the draft's confidence in it and the rows over the target's
+        vocabulary they were picked from (None when every row is plain greedy: the argmax and
+        its probability are read off the draft's own vocabulary, and no row over the target's,
+        three times wider, is built). logits: [num_rows, draft_vocab]."""
+        params = [seq.params for seq in seqs]
+        if all(p.greedy and h is None for p, h in zip(params, histories, strict=True)):
+            top, index = logits.max(dim=-1)
+            confidence = torch.exp(top - torch.logsumexp(logits, dim=-1))
+            if self.token_map is not None:
+                index = self.token_map[index]
+            return index.tolist(), confidence.tolist(), None
+        rows, confidence = self._request_rows(logits, params, histories)
+        return (*self._pick_rows(seqs, rows, confidence), rows)
 
     def _request_rows(
         self, logits: torch.Tensor, params, histories
