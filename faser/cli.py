@@ -12,13 +12,26 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "distill",
         help="train the project's draft model for a target",
-        description="Generate the target's answers to the built-in prompts with the engine, "
-        "then distill a small draft from them (resumable; writes the draft to --out).",
+        description="Generate the target's answers to the built-in prompts (or to --prompts) "
+        "with the engine, then distill a small draft from them (resumable; writes the draft to "
+        "--out).",
     )
     p.add_argument("--target", default="smollm2-135m-instruct", help="target name or path")
     p.add_argument("--out", type=Path, required=True, help="directory for the draft")
     p.add_argument("--work-dir", type=Path, help="answers and labels (default: <out>/_work)")
-    p.add_argument("--num-prompts", type=int, default=512)
+    p.add_argument(
+        "--prompts", type=Path, nargs="+", metavar="FILE",
+        help="JSON-lines files of {\"category\", \"prompt\"} objects, e.g. "
+        "$FASER_DISTILL_PROMPTS/*.jsonl (real prompts; docs/distill_corpus.md): their "
+        "prompts replace the built-in templated requests of the first stage (the later stages "
+        "still run on the answers, as their shares say); every 10th prompt of each file (from its "
+        "2nd) is held out, answered greedily and its agreement reported every epoch. Default: "
+        "the built-in set",
+    )
+    p.add_argument(
+        "--num-prompts", type=int, default=512,
+        help="first-stage prompts at most (of --prompts: categories interleaved, in file order)",
+    )
     p.add_argument("--max-tokens", type=int, default=192, help="tokens per answer")
     p.add_argument("--chunk-size", type=int, default=16, help="prompts generated at once")
     p.add_argument("--gen-minutes", type=float, default=20.0, help="time budget of generation")
@@ -70,6 +83,7 @@ def _run_distill(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size, time_budget_s=60 * args.gen_minutes,
         passage_share=args.passage_share, real_text_share=args.real_text_share,
         listed_share=args.listed_share, num_threads=args.threads, seed=args.seed,
+        prompt_files=tuple(str(f) for f in args.prompts or ()),
     )
     train = TrainConfig(
         epochs=args.epochs, lr=args.lr, time_budget_s=60 * args.train_minutes, seed=args.seed

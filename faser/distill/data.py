@@ -21,6 +21,9 @@ from dataclasses import dataclass
 class Prompt:
     category: str
     text: str
+    # True/False for a prompt of a file with its own held-out split (faser.distill.prompt_files);
+    # None for the built-in ones, of whose greedy answers every tenth is held out instead
+    held_out: bool | None = None
 
 
 TOPICS = (

@@ -7,7 +7,12 @@ stage asks the target to summarise, extract from and rewrite its own earlier ans
 terse questions about real prose (pydoc's pages) and to translate sentences of its answers; a
 fourth, to translate those translations back into English. Between the second and the third, when
 `listed_share` gives them time, the target lists requests users send (sampled, stage 5) and
-answers them (stage 6): requests no template has, the way the serving prompts are varied."""
+answers them (stage 6): requests no template has, the way the serving prompts are varied.
+
+With `prompt_files` (faser.distill.prompt_files), the files' prompts replace the built-in
+templated requests of the first stage; the later stages run as their shares say, on the answers
+to them. A held-out prompt of the files is answered greedily and its answer is never made a
+passage of the later stages, so that nothing of it is trained on."""
 
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ from faser.distill.data import (
     real_text_prompts,
     request_list_prompts,
 )
+from faser.distill.prompt_files import read_prompt_files
 
 SAMPLED_EVERY = 4
 SAMPLED_TEMPERATURE = 0.8
@@ -47,6 +53,8 @@ class GenerationConfig:
     listed_share: float = 0.0  # of the time budget, for stages 5 and 6 (listed requests)
     num_threads: int = 2
     seed: int = 0
+    # JSON-lines prompt files replacing the built-in first stage (faser.distill.prompt_files)
+    prompt_files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         shares = (self.passage_share, self.real_text_share, self.listed_share)
@@ -60,13 +68,17 @@ def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
     """Fills `path` (JSON lines) with {stage, category, sampled, prompt_ids, response_ids}."""
     from faser import LLM
 
+    first_stage = stage_one_prompts(config)  # before loading the target: a bad file fails fast
     llm = LLM(config.target, num_threads=config.num_threads, max_num_seqs=config.chunk_size)
     deadline = time.monotonic() + config.time_budget_s
     real_text_start = deadline - config.real_text_share * config.time_budget_s
     stage_two_end = real_text_start - config.listed_share * config.time_budget_s
     stage_one_end = stage_two_end - config.passage_share * config.time_budget_s
-    _run_stage(llm, build_prompts(config.num_prompts, config.seed), 1, config, path, stage_one_end)
-    greedy = [r for r in read_records(path) if r["stage"] == 1 and not r["sampled"]]
+    _run_stage(llm, first_stage, 1, config, path, stage_one_end)
+    greedy = [
+        r for r in read_records(path)
+        if r["stage"] == 1 and not r["sampled"] and not r.get("held_out")
+    ]
     answers = [llm.tokenizer.decode(r["response_ids"], skip_special_tokens=True) for r in greedy]
     passages = [a for a, r in zip(answers, greedy, strict=True) if len(r["response_ids"]) >= 96]
     _run_stage(llm, passage_prompts(passages, config.seed), 2, config, path, stage_two_end)
@@ -95,6 +107,13 @@ def generate_data(config: GenerationConfig, path: Path) -> list[dict]:
     ]
     _run_stage(llm, back_translation_prompts(translations), 4, config, path, deadline)
     return read_records(path)
+
+
+def stage_one_prompts(config: GenerationConfig) -> list[Prompt]:
+    """The files' prompts when there are any (their first `num_prompts`), else the built-in set."""
+    if config.prompt_files:
+        return read_prompt_files([Path(p) for p in config.prompt_files], config.num_prompts)
+    return build_prompts(config.num_prompts, config.seed)
 
 
 def _first_sentence(text: str) -> str | None:
@@ -131,7 +150,7 @@ def _generate_chunk(
     llm, chunk: list[Prompt], first: int, stage: int, config: GenerationConfig
 ) -> list[dict]:
     ids = [_chat_ids(llm.tokenizer, p.text) for p in chunk]
-    params = [_params(first + i, stage, config) for i in range(len(chunk))]
+    params = [_params(first + i, stage, config, bool(p.held_out)) for i, p in enumerate(chunk)]
     outputs = llm.generate(ids, params)
     return [
         {
@@ -140,15 +159,19 @@ def _generate_chunk(
             "sampled": not sp.greedy,
             "prompt_ids": prompt_ids,
             "response_ids": out.token_ids,
+            # only a prompt file's prompts carry it (run.py holds the others out by count)
+            **({} if p.held_out is None else {"held_out": p.held_out}),
         }
         for p, sp, prompt_ids, out in zip(chunk, params, ids, outputs, strict=True)
     ]
 
 
-def _params(index: int, stage: int, config: GenerationConfig):
+def _params(index: int, stage: int, config: GenerationConfig, held_out: bool = False):
     from faser import SamplingParams
 
     seed = config.seed * 1_000_003 + stage * 100_000 + index
+    if held_out:  # agreement is measured along the target's greedy answers
+        return SamplingParams(max_tokens=config.max_tokens, temperature=0.0)
     if stage == 5:  # the request lists: all sampled, so that one prompt gives varied items
         return SamplingParams(max_tokens=config.max_tokens, temperature=LIST_TEMPERATURE, seed=seed)
     if index % SAMPLED_EVERY == SAMPLED_EVERY - 1:

@@ -12,6 +12,7 @@ import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -25,6 +26,7 @@ from faser.distill.train import TrainConfig, select_token_map, train_draft
 from faser.distill.warm_start import load_weights, read_provenance, read_token_map
 
 HELD_OUT_EVERY = 10  # every 10th greedy answer is kept out of training, to measure agreement
+FILES_SPLIT = "prompt files"  # the name the prompt files' held-out split is reported under
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +80,8 @@ def distill(config: DistillConfig) -> dict:
         target, records, config.top_k, work / f"top{config.top_k}{suffix}.pt",
         feature_layers=config.feature_layers,
     )
-    held = set([i for i, r in enumerate(records) if not r["sampled"]][::HELD_OUT_EVERY])
+    split = held_out_split(records)
+    held = set(split.files) | set(split.others)
     train_set = [x for i, x in enumerate(labels) if i not in held]
     if config.init_from is not None:
         token_map = read_token_map(config.init_from)
@@ -110,11 +113,26 @@ def distill(config: DistillConfig) -> dict:
         info = {**provenance, "training": summary, "elapsed_s": time.monotonic() - started}
         write(draft, token_map, config.out, info)
 
+    reported = {FILES_SPLIT: [labels[i] for i in split.files]} if split.files else {}
     summary = train_draft(
-        draft, train_set, [labels[i] for i in sorted(held)], token_map, config.train, export
+        draft, train_set, [labels[i] for i in sorted(held)], token_map, config.train, export,
+        reported=reported,
     )
     tqdm.write(f"distill: draft written to {config.out} in {time.monotonic() - started:.0f} s")
     return summary
+
+
+class HeldOutSplit(NamedTuple):
+    files: list[int]  # records of the prompt files' held-out prompts
+    others: list[int]  # every HELD_OUT_EVERY-th greedy record of the other prompts
+
+
+def held_out_split(records: list[dict]) -> HeldOutSplit:
+    """The records kept out of training. A prompt file's record says whether it is held out (its
+    file's split, fixed by line); of the others, every tenth greedy answer is."""
+    files = [i for i, r in enumerate(records) if r.get("held_out")]
+    others = [i for i, r in enumerate(records) if "held_out" not in r and not r["sampled"]]
+    return HeldOutSplit(files, others[::HELD_OUT_EVERY])
 
 
 def _provenance(
@@ -146,6 +164,8 @@ def _provenance(
         "init_from_provenance": None if config.init_from is None
         else read_provenance(config.init_from),
         "num_answers": len(records),
+        "num_prompt_file_answers": sum("held_out" in r for r in records),
+        "num_held_out_prompt_file_answers": sum(bool(r.get("held_out")) for r in records),
         "num_sampled_answers": sum(r["sampled"] for r in records),
         "num_answer_tokens": sum(len(r["response_ids"]) for r in records),
         "answer_tokens_by_category": categories,

@@ -57,8 +57,10 @@ def train_draft(
     token_map: torch.Tensor,  # [output_vocab] target ids
     config: TrainConfig,
     export: Callable[[dict], None],
+    reported: dict[str, list[TeacherLabels]] | None = None,
 ) -> dict:
-    """Trains `draft` in place; calls export(summary) whenever held-out agreement improves."""
+    """Trains `draft` in place; calls export(summary) whenever held-out agreement improves.
+    `reported` names subsets of `held_out` whose agreement is also reported at every epoch."""
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     to_draft = torch.full((int(token_map.max()) + 1,), -1, dtype=torch.long)
@@ -69,9 +71,11 @@ def train_draft(
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(config, total_steps))
     before = _agreement(draft, held_out, to_draft, config.batch_tokens)
-    summary = {"held_out_agreement": [before]}
+    splits = {name: [] for name in reported or {}}
+    summary = {"held_out_agreement": [before], "held_out_agreement_by_split": splits}
     best, deadline, step = -1.0, time.monotonic() + config.time_budget_s, 0
     tqdm.write(f"distill: held-out greedy agreement before training {before:.3f}")
+    _report_splits(draft, reported or {}, splits, to_draft, config.batch_tokens)
     for epoch in range(config.epochs):
         rng.shuffle(batches)
         bar = tqdm(batches, desc=f"distill: epoch {epoch + 1}/{config.epochs}")
@@ -91,12 +95,22 @@ def train_draft(
         summary["held_out_agreement"].append(agreement)
         summary["epochs_run"], summary["steps"] = epoch + 1, step
         tqdm.write(f"distill: epoch {epoch + 1} held-out greedy agreement {agreement:.3f}")
+        _report_splits(draft, reported or {}, splits, to_draft, config.batch_tokens)
         if agreement > best:
             best = agreement
             export({**summary, "best_held_out_agreement": best})
         if time.monotonic() > deadline:
             break
     return {**summary, "best_held_out_agreement": best}
+
+
+def _report_splits(
+    draft, reported: dict[str, list[TeacherLabels]], splits: dict[str, list[float]],
+    to_draft: torch.Tensor, batch_tokens: int,
+) -> None:
+    for name, labels in reported.items():
+        splits[name].append(_agreement(draft, labels, to_draft, batch_tokens))
+        tqdm.write(f"distill:   of which {name} ({len(labels)} answers): {splits[name][-1]:.3f}")
 
 
 def _lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
