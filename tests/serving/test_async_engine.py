@@ -84,3 +84,21 @@ def test_abandoned_stream_aborts_and_frees_blocks_at_once(engine):
 
     asyncio.run(run())
     assert engine.num_streams == 0
+
+
+def test_a_slow_consumer_gets_the_steps_it_missed_as_one_output(engine):
+    """Outputs that queue up while the consumer is busy come as one, the newest, with all their
+    tokens as its new ones: fewer deltas, the same tokens."""
+    greedy = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+    async def run(pause_s: float):
+        outputs = []
+        async for out in engine.generate(f"slow{pause_s}", [3, 4, 5, 6], greedy, {"policy": "off"}):
+            outputs.append(out)
+            await asyncio.sleep(pause_s)  # the engine steps on meanwhile
+        return outputs
+
+    fast, slow = asyncio.run(run(0.0)), asyncio.run(run(0.3))
+    assert len(slow) < len(fast)
+    assert sum((o.new_token_ids for o in slow), []) == slow[-1].token_ids
+    assert slow[-1].token_ids == fast[-1].token_ids
