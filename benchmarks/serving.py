@@ -1,0 +1,593 @@
+"""Served throughput and latency over the OpenAI-compatible HTTP API, as a user's client sees them.
+
+Streaming chat requests (temperature 0, `max_tokens` each with `ignore_eos`, so every answer has
+the same length) go to the app, which this program starts itself (`deployments:build_app` with
+the `--app-arg key=value` arguments, in a child process on a fresh local Ray), or to a running
+server at `--url`. The load is a closed loop (C clients, each sending its next request when the
+last has finished) or, with `--rate`, an open loop (Poisson arrivals, at most C in flight), at
+each concurrency C of `--concurrency`. Per request, from the client's clock:
+TTFT = first content chunk - send, TPOT = (last content chunk - first) / (output tokens - 1);
+output tokens come from the stream's final `usage`. Output tok/s = tokens / the round's wall time.
+
+`--peer-url URL --peer-model NAME` puts the same load on another OpenAI server (vLLM's) in the
+same run, rounds interleaved (ours, peer, ours, peer) so that drift on a shared machine hits both
+alike; `--offline` adds the engine's own figure on the same prompts, C and settings
+(`faser` in this process, closed loop, no HTTP), measured before the app starts.
+
+Prompts: Spec-Bench first turns spread over the categories, or random text of a fixed token count
+(`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). Usage:
+  python -m benchmarks.serving [--concurrency 1,4,16] [--num-requests 48] [--max-tokens 128]
+      [--prompts spec-bench|random] [--rate R] [--rounds 1] [--app-arg policy=off ...]
+      [--url http://host:8000] [--peer-url http://host:8001 --peer-model DIR] [--offline]
+      [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from benchmarks.common import DEFAULT_PROMPTS, REPO, print_table, spec_bench_prompts
+from benchmarks.metrics import percentile
+
+OURS, PEER, OFFLINE = "faser", "peer", "faser offline"
+READY_TIMEOUT_S = 900.0  # the first start converts the embedded model and compiles kernels
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    concurrency: int  # closed loop: clients; open loop: the cap on requests in flight
+    rate: float | None = None  # open loop: Poisson arrivals per second; None: closed loop
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    server: str
+    concurrency: int
+    round: int
+    index: int
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float  # first content chunk - send
+    tpot_s: float  # (last content chunk - first) / (output tokens - 1); 0 for one token
+    latency_s: float  # end of stream - send
+    num_chunks: int  # content chunks: a server may send several tokens in one
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    records: list[RequestRecord]
+    wall_s: float  # first send to last end
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    server: str
+    concurrency: int
+    rate: float | None
+    num_completed: int
+    num_failed: int
+    output_tokens: int
+    wall_s: float
+    output_tokens_per_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p90_s: float
+    tpot_p99_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """An OpenAI server under load: its label, base URL (ending in /v1) and model name."""
+
+    server: str
+    base_url: str
+    model: str
+
+
+# ---------------------------------------------------------------- one request over HTTP
+
+
+def chat_body(model: str, text: str, max_tokens: int) -> dict:
+    return {
+        "model": model, "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+async def send_chat(client: httpx.AsyncClient, target: Target, text: str, max_tokens: int,
+                    where: tuple[int, int, int]) -> RequestRecord:
+    """One streamed chat request; `where` = (concurrency, round, index). Never raises."""
+    start = time.perf_counter()
+    stamps: list[float] = []
+    usage: dict = {}
+    error = None
+    try:
+        async with client.stream("POST", f"{target.base_url}/chat/completions",
+                                 json=chat_body(target.model, text, max_tokens)) as response:
+            if response.status_code != 200:
+                body = (await response.aread())[:200]
+                raise RuntimeError(f"HTTP {response.status_code}: {body!r}")
+            async for line in response.aiter_lines():
+                usage = _read_event(line, stamps) or usage
+    except Exception as exc:  # a failed request is a figure of the run, not its end
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    end = time.perf_counter()
+    return _record(target.server, where, start, end, stamps, usage, error)
+
+
+def _read_event(line: str, stamps: list[float]) -> dict | None:
+    """Appends the arrival time of a content chunk; returns the usage where the event has one."""
+    if not line.startswith("data:") or line == "data: [DONE]":
+        return None
+    event = json.loads(line[5:])
+    if "error" in event:
+        raise RuntimeError(f"error event: {str(event['error'])[:200]}")
+    if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+        stamps.append(time.perf_counter())
+    return event.get("usage")
+
+
+def _record(server: str, where: tuple[int, int, int], start: float, end: float,
+            stamps: list[float], usage: dict, error: str | None) -> RequestRecord:
+    tokens = int(usage.get("completion_tokens") or len(stamps))
+    if error is None and not stamps:
+        error = "no content in the stream"
+    first = stamps[0] - start if stamps else 0.0
+    tpot = (stamps[-1] - stamps[0]) / (tokens - 1) if stamps and tokens > 1 else 0.0
+    return RequestRecord(server, *where, int(usage.get("prompt_tokens") or 0), tokens, first,
+                         tpot, end - start, len(stamps), error)
+
+
+# ---------------------------------------------------------------- closed and open loops
+
+Send = Callable[[int, str], Awaitable[RequestRecord]]
+
+
+async def closed_loop(send: Send, texts: Sequence[str], concurrency: int) -> list[RequestRecord]:
+    """C clients share one queue of prompts; each sends its next one when the last finished."""
+    queue = iter(enumerate(texts))
+
+    async def client() -> list[RequestRecord]:
+        return [await send(i, text) for i, text in queue]
+
+    done = await asyncio.gather(*(client() for _ in range(concurrency)))
+    return sorted((r for records in done for r in records), key=lambda r: r.index)
+
+
+async def open_loop(send: Send, texts: Sequence[str], load: Load) -> list[RequestRecord]:
+    """Poisson arrivals at `load.rate`, at most `load.concurrency` in flight (a request that
+    arrives at the cap waits for a slot; its TTFT counts from when it is sent)."""
+    rng = random.Random(load.seed)
+    offsets, now = [], 0.0
+    for _ in texts:
+        offsets.append(now)
+        now += rng.expovariate(load.rate)
+    slots = asyncio.Semaphore(load.concurrency)
+
+    async def arrive(i: int, text: str) -> RequestRecord:
+        await asyncio.sleep(offsets[i])
+        async with slots:
+            return await send(i, text)
+
+    return list(await asyncio.gather(*(arrive(i, t) for i, t in enumerate(texts))))
+
+
+async def drive(target: Target, texts: Sequence[str], load: Load, max_tokens: int,
+                round_no: int = 0) -> Round:
+    """One round: every prompt once, under `load`, against `target`."""
+    limits = httpx.Limits(max_connections=load.concurrency + 4, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
+
+        def send(i: int, text: str) -> Awaitable[RequestRecord]:
+            where = (load.concurrency, round_no, i)
+            return send_chat(client, target, text, max_tokens, where)
+
+        start = time.perf_counter()
+        if load.rate is None:
+            records = await closed_loop(send, texts, load.concurrency)
+        else:
+            records = await open_loop(send, texts, load)
+        return Round(records, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------- figures
+
+
+def summarise(server: str, load: Load, rounds: Sequence[Round]) -> Summary:
+    """Requests pooled over a server's rounds at one load level."""
+    records = [r for rnd in rounds for r in rnd.records]
+    ok = [r for r in records if r.ok]
+    ttft = [r.ttft_s for r in ok]
+    tpot = [r.tpot_s for r in ok if r.output_tokens > 1]
+    tokens = sum(r.output_tokens for r in ok)
+    wall = sum(rnd.wall_s for rnd in rounds)
+    return Summary(
+        server, load.concurrency, load.rate, len(ok), len(records) - len(ok), tokens, wall,
+        tokens / wall if wall > 0 else 0.0,
+        *(percentile(ttft, q) for q in (50, 90, 99)), *(percentile(tpot, q) for q in (50, 90, 99)),
+        _mean(ttft), _mean(tpot),
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def print_level(summaries: Sequence[Summary], load: Load, max_tokens: int) -> None:
+    by_server = {s.server: s for s in summaries}
+    ours = by_server.get(OURS)
+    rows = [[s.server, s.num_completed, s.num_failed, s.output_tokens_per_s,
+             *(_ratio(s, by_server.get(other)) for other in (PEER, OFFLINE)),
+             s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s,
+             s.tpot_p50_s * 1e3, s.tpot_p90_s * 1e3, s.tpot_p99_s * 1e3] for s in summaries]
+    loop = f"open loop at {load.rate}/s, <= {load.concurrency}" if load.rate else "closed loop"
+    title = f"C = {load.concurrency} ({loop}, {max_tokens} tokens each)"
+    if ours is not None and PEER in by_server and by_server[PEER].ttft_p50_s > 0:
+        title += f"; TTFT p50 {ours.ttft_p50_s / by_server[PEER].ttft_p50_s:.2f}x the peer's"
+    print_table(title, ["server", "done", "failed", "tok/s", "x peer", "x offline",
+                        "TTFT p50 s", "p90 s", "p99 s", "TPOT p50 ms", "p90 ms", "p99 ms"], rows)
+    sys.stdout.flush()  # a level's table as soon as it is measured, also into a file
+
+
+def _ratio(summary: Summary, other: Summary | None) -> float | str:
+    if other is None or other is summary or other.output_tokens_per_s <= 0:
+        return "-"
+    return summary.output_tokens_per_s / other.output_tokens_per_s
+
+
+# ---------------------------------------------------------------- prompts
+
+
+def spec_bench_texts(path: Path, num: int) -> list[str]:
+    """First turns of Spec-Bench questions spread over the categories, cycled to `num`."""
+    texts = [str(row["turns"][0]) for row in spec_bench_prompts(path, num)]
+    return [texts[i % len(texts)] for i in range(num)]
+
+
+def random_texts(tokenizer, num: int, input_len: int, seed: int = 0) -> list[str]:
+    """Text of `input_len` random tokens each (before the chat template), as vLLM's random
+    dataset: random ids decoded, re-encoded and topped up until the text encodes to that count."""
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    pool = [i for i in range(len(tokenizer)) if i not in special]
+    return [_random_text(tokenizer, rng, pool, input_len) for _ in range(num)]
+
+
+def _random_text(tokenizer, rng: random.Random, pool: list[int], length: int) -> str:
+    ids = [rng.choice(pool) for _ in range(length)]
+    for _ in range(8):
+        ids = tokenizer.encode(tokenizer.decode(ids), add_special_tokens=False)
+        if len(ids) == length:
+            break
+        ids = ids[:length] + [rng.choice(pool) for _ in range(length - len(ids))]
+    return tokenizer.decode(ids)
+
+
+def render_chat(tokenizer, text: str) -> list[int]:
+    """The prompt's token ids as the server renders a one-message chat (deployments/serving.py)."""
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tokenizer.encode(rendered, add_special_tokens=False))
+
+
+def load_tokenizer(args: argparse.Namespace, app_args: dict):
+    from transformers import AutoTokenizer
+
+    from faser.engine.model_pair import resolve
+
+    return AutoTokenizer.from_pretrained(args.tokenizer or resolve(app_args.get("model"), "target"))
+
+
+def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
+    if args.prompts == "random":
+        return random_texts(load_tokenizer(args, app_args), args.num_requests, args.input_len,
+                            args.seed)
+    return spec_bench_texts(args.prompt_file, args.num_requests)
+
+
+# ---------------------------------------------------------------- the engine offline
+
+
+def offline_summaries(app_args: dict, texts: Sequence[str], loads: Sequence[Load],
+                      max_tokens: int) -> dict[int, Summary]:
+    """The engine with the app's settings (AppArgs.engine_config), in this process, closed loop
+    at each C over the same prompts: the figure the served path is held against."""
+    from benchmarks.driver import RunSpec, run_closed
+    from benchmarks.workload import BenchRequest
+    from deployments.args import AppArgs
+    from faser.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(AppArgs.model_validate(app_args).engine_config())
+    requests = [BenchRequest(tuple(render_chat(engine.tokenizer, t)), max_tokens) for t in texts]
+    run_closed(engine, [BenchRequest(requests[0].prompt_token_ids, WARMUP_TOKENS)], 1,
+               RunSpec("warmup", {}, ignore_eos=True))
+    summaries = {}
+    for load in loads:
+        result = run_closed(engine, requests, load.concurrency,
+                            RunSpec(f"offline-{load.concurrency}", {}, ignore_eos=True))
+        records = [_offline_record(out, load.concurrency, i)
+                   for i, out in enumerate(result.outputs)]
+        summaries[load.concurrency] = summarise(OFFLINE, Load(load.concurrency),
+                                                [Round(records, result.wall_s)])
+    return summaries
+
+
+def _offline_record(out, concurrency: int, index: int) -> RequestRecord:
+    from benchmarks.metrics import request_times
+
+    times = request_times(out)
+    return RequestRecord(OFFLINE, concurrency, 0, index, len(out.prompt_token_ids),
+                         len(out.token_ids), times.ttft_s, times.tpot_s, times.latency_s,
+                         len(out.token_ids))
+
+
+# ---------------------------------------------------------------- the app in a child process
+
+
+def serve_forever(port: int, app_args_json: str) -> None:
+    """The child: a fresh local Ray (never a cluster someone else started), Serve on `port`, and
+    `deployments:build_app` with the arguments, until SIGTERM shuts Serve and Ray down."""
+    import ray
+    from ray import serve
+
+    from deployments import build_app
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False,
+             log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(json.loads(app_args_json)), blocking=False)
+        print("READY", flush=True)
+        while True:
+            time.sleep(3600)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+class ServedApp:
+    """`with ServedApp(app_args) as url:` the app, started in its own process group, stopped
+    (and its Ray with it) on leaving."""
+
+    def __init__(self, app_args: dict) -> None:
+        self.app_args = app_args
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.mkstemp(prefix="faser-serving-", suffix=".log")[1])
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> str:
+        code = (f"from benchmarks.serving import serve_forever; "
+                f"serve_forever({self.port}, {json.dumps(json.dumps(self.app_args))})")
+        env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+        env.pop("RAY_ADDRESS", None)
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self.url
+
+    def __exit__(self, *_: object) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=120)
+        # what Ray leaves behind in the child's own process group (its agents outlive
+        # ray.shutdown() and ignore SIGTERM); nothing else is in that group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the app exited ({self.process.returncode}):\n{self._tail()}")
+            if "READY" in self.log.read_text(errors="replace") and _models(self.url):
+                return
+            time.sleep(2.0)
+        raise TimeoutError(f"the app was not up in {READY_TIMEOUT_S:.0f} s:\n{self._tail()}")
+
+    def _tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _models(url: str) -> list[str]:
+    """The model names a server lists; none while it is not up."""
+    try:
+        response = httpx.get(f"{api_base(url)}/models", timeout=10.0)
+        return [m["id"] for m in response.json()["data"]] if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, KeyError):
+        return []
+
+
+def api_base(url: str) -> str:
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else f"{url}/v1"
+
+
+def make_target(server: str, url: str, model: str | None) -> Target:
+    names = [model] if model else _models(url)
+    if not names:
+        raise RuntimeError(f"{server}: no model listed at {api_base(url)}/models")
+    return Target(server, api_base(url), names[0])
+
+
+def warm_up(target: Target) -> None:
+    load = Load(1)
+    done = asyncio.run(drive(target, ["Hello!"], load, WARMUP_TOKENS, round_no=-1))
+    if not done.records[0].ok:
+        raise RuntimeError(f"{target.server}: warm-up request failed: {done.records[0].error}")
+
+
+# ---------------------------------------------------------------- the run
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--url", default=None, help="a running server; default: start the app here")
+    ap.add_argument("--app-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="an argument of deployments:build_app (deployments/args.py); also the "
+                         "settings of --offline and whose tokenizer --prompts random uses")
+    ap.add_argument("--model-name", default=None, help="default: the first of /v1/models")
+    ap.add_argument("--peer-url", default=None, help="another OpenAI server under the same load")
+    ap.add_argument("--peer-model", default=None, help="default: the first of its /v1/models")
+    ap.add_argument("--offline", action="store_true",
+                    help="the engine's own figure, same prompts, C and settings (no HTTP)")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="open loop: Poisson arrivals per second (C caps those in flight)")
+    ap.add_argument("--num-requests", type=int, default=48, help="per round and level")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds per server and level")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--prompts", choices=("spec-bench", "random"), default="spec-bench")
+    ap.add_argument("--prompt-file", type=Path, default=DEFAULT_PROMPTS)
+    ap.add_argument("--input-len", type=int, default=128, help="--prompts random: tokens each")
+    ap.add_argument("--tokenizer", default=None, help="default: the app's target model's")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def parse_app_args(pairs: Sequence[str]) -> dict[str, str]:
+    """`key=value` pairs as `serve run deployments:build_app key=value` takes them, checked."""
+    from deployments.args import AppArgs
+
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SystemExit(f"--app-arg takes KEY=VALUE, got {bad}")
+    app_args = dict(p.split("=", 1) for p in pairs)
+    AppArgs.model_validate(app_args)
+    return app_args
+
+
+def host_cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    import platform
+
+    return platform.processor() or "unknown CPU"
+
+
+def settings(args: argparse.Namespace, app_args: dict) -> dict:
+    from deployments.args import AppArgs
+    from faser.runner.precision import resolve_dtype
+
+    app = AppArgs.model_validate(app_args)
+    return {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "host_cpu": host_cpu(), "num_cpus": os.cpu_count(),
+        "server": args.url or "deployments:build_app, started here",
+        "app_args": app_args, "policy": app.policy,
+        "dtype": resolve_dtype(app.dtype, app.device), "engine_threads": app.threads_per_replica,
+        "prompts": args.prompts if args.prompts == "spec-bench" else f"random {args.input_len}",
+        "num_requests": args.num_requests, "max_tokens": args.max_tokens,
+        "concurrency": args.concurrency, "rate": args.rate, "rounds": args.rounds,
+        "peer_url": args.peer_url, "offline": args.offline,
+    }
+
+
+def print_header(run: dict) -> None:
+    loop = f"open loop, Poisson {run['rate']}/s" if run["rate"] else "closed loop"
+    print(f"Serving benchmark, {run['date_utc']} UTC")
+    print(f"host: {run['host_cpu']}, {run['num_cpus']} CPUs")
+    print(f"server: {run['server']}; app args {run['app_args'] or '(defaults)'}: policy "
+          f"{run['policy']}, {run['dtype']}, {run['engine_threads']} engine thread(s)")
+    print(f"load: {run['prompts']} prompts, {run['num_requests']} streamed chat requests per "
+          f"round, {run['max_tokens']} tokens each (temperature 0, ignore_eos), C = "
+          f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server")
+    if run["peer_url"]:
+        print(f"peer: {run['peer_url']}, rounds interleaved with ours")
+    if run["offline"]:
+        print("offline: the engine with the app's settings in this process, closed loop")
+    sys.stdout.flush()
+
+
+def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Load],
+            args: argparse.Namespace, offline: dict[int, Summary]) -> tuple[list, list]:
+    """Every level in turn; within one, the servers take turns round by round."""
+    summaries: list[Summary] = []
+    records: list[RequestRecord] = []
+    for load in loads:
+        rounds: dict[str, list[Round]] = {t.server: [] for t in targets}
+        for round_no in range(args.rounds):
+            for target in targets:
+                done = asyncio.run(drive(target, texts, load, args.max_tokens, round_no))
+                rounds[target.server].append(done)
+                records += done.records
+        level = [summarise(t.server, load, rounds[t.server]) for t in targets]
+        level += [offline[load.concurrency]] if load.concurrency in offline else []
+        print_level(level, load, args.max_tokens)
+        summaries += level
+    return summaries, records
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_args(argv)
+    app_args = parse_app_args(args.app_arg)
+    loads = [Load(int(c), args.rate, args.seed) for c in args.concurrency.split(",")]
+    run = settings(args, app_args)
+    print_header(run)
+    texts = load_texts(args, app_args)
+    offline = offline_summaries(app_args, texts, loads, args.max_tokens) if args.offline else {}
+    with ServedApp(app_args) if args.url is None else nullcontext(args.url) as url:
+        targets = [make_target(OURS, url, args.model_name)]
+        if args.peer_url:
+            targets.append(make_target(PEER, args.peer_url, args.peer_model))
+        for target in targets:
+            warm_up(target)
+        summaries, records = measure(targets, texts, loads, args, offline)
+    out = {"settings": run, "summaries": [asdict(s) for s in summaries],
+           "requests": [asdict(r) for r in records]}
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Smoke test of `python -m benchmarks.serving` against an in-process HTTP server (uvicorn on a
+thread, the OpenAI app over a LocalEngineClient, no Ray) on tiny random-weight models: the
+records' counts and fields, the printed header and tables, the JSON. Timings are printed, never
+asserted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+import torch
+import uvicorn
+
+from benchmarks.serving import (
+    OFFLINE,
+    OURS,
+    Load,
+    drive,
+    main,
+    make_target,
+    random_texts,
+    summarise,
+)
+from deployments.api import build_openai_app
+from deployments.ingress import LocalEngineClient
+from deployments.serving import OpenAIServing
+from faser.config import EngineConfig, SpecConfig
+from faser.engine.async_engine import AsyncLLMEngine
+from faser.engine.llm_engine import LLMEngine
+
+MAX_TOKENS = 6
+TEXTS = ["Tell me about foxes.", "What is 2 + 2?", "Hello, world!"]
+
+
+@pytest.fixture(scope="module")
+def server_url(tiny_pair):
+    torch.set_num_threads(1)
+    target, draft = tiny_pair
+    config = EngineConfig(
+        model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
+        num_kv_blocks=128, max_num_seqs=4, num_threads=1,
+    )
+    engine = LLMEngine(config)
+    async_engine = AsyncLLMEngine(engine, idle_wait_s=0.01)
+    serving = OpenAIServing(async_engine, engine.tokenizer, engine.max_model_len, policy="fixed")
+    app = build_openai_app(LocalEngineClient(serving, "tiny"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    async_engine.shutdown()
+
+
+def check_records(records, num: int, concurrency: int) -> None:
+    assert sorted(r.index for r in records) == list(range(num))
+    for r in records:
+        assert r.ok, r.error
+        assert r.server == OURS and r.concurrency == concurrency
+        assert r.output_tokens == MAX_TOKENS and r.prompt_tokens > 0
+        assert 1 <= r.num_chunks <= MAX_TOKENS
+        assert 0 <= r.ttft_s <= r.latency_s and r.tpot_s >= 0
+
+
+@pytest.mark.parametrize("load", [Load(2), Load(2, rate=50.0)], ids=["closed", "open"])
+def test_load_driver_records(server_url, load):
+    target = make_target(OURS, server_url, None)
+    assert target.model == "tiny" and target.base_url.endswith("/v1")
+    done = asyncio.run(drive(target, TEXTS, load, MAX_TOKENS))
+    check_records(done.records, len(TEXTS), load.concurrency)
+    summary = summarise(OURS, load, [done])
+    assert summary.num_completed == len(TEXTS) and summary.num_failed == 0
+    assert summary.output_tokens == len(TEXTS) * MAX_TOKENS and summary.output_tokens_per_s > 0
+    assert summary.ttft_p50_s <= summary.ttft_p90_s <= summary.ttft_p99_s
+
+
+def test_unreachable_server_counts_failures():
+    target = make_target(OURS, "http://127.0.0.1:9", "tiny")  # discard port: nothing listens
+    done = asyncio.run(drive(target, TEXTS[:2], Load(1), MAX_TOKENS))
+    assert [r.ok for r in done.records] == [False, False]
+    summary = summarise(OURS, Load(1), [done])
+    assert summary.num_completed == 0 and summary.num_failed == 2
+
+
+def test_random_prompts_have_their_length(tiny_pair):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair[0])
+    texts = random_texts(tokenizer, 4, 12, seed=1)
+    assert len(texts) == 4 and len(set(texts)) == 4
+    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    assert all(abs(n - 12) <= 2 for n in lengths), lengths
+
+
+def test_main_with_url_offline_and_json(server_url, tiny_pair, tmp_path, capsys):
+    target, draft = tiny_pair
+    out = main([
+        "--url", server_url, "--concurrency", "1,2", "--num-requests", "3",
+        "--max-tokens", str(MAX_TOKENS), "--prompts", "random", "--input-len", "8",
+        "--app-arg", f"model={target}", "--app-arg", f"draft_model={draft}",
+        "--app-arg", "policy=fixed:2", "--app-arg", "num_kv_blocks=64",
+        "--offline", "--json", str(tmp_path / "serving.json"),
+    ])
+    printed = capsys.readouterr().out
+    assert "host: " in printed and "C = 1 (closed loop" in printed and "C = 2" in printed
+    assert json.loads((tmp_path / "serving.json").read_text()) == out
+    assert [(s["server"], s["concurrency"]) for s in out["summaries"]] == [
+        (OURS, 1), (OFFLINE, 1), (OURS, 2), (OFFLINE, 2)
+    ]
+    for s in out["summaries"]:
+        assert s["num_completed"] == 3 and s["num_failed"] == 0
+        assert s["output_tokens"] == 3 * MAX_TOKENS
+    assert len(out["requests"]) == 6
+    assert all(r["output_tokens"] == MAX_TOKENS for r in out["requests"])
