@@ -6,6 +6,7 @@ answers with an error naming the field. `engine_config()` hands the core its fro
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import (
@@ -62,7 +63,9 @@ class AppArgs(BaseModel):
     downscale_delay_s: float = Field(default=60.0, ge=0)
     look_back_period_s: float = Field(default=30.0, gt=0)
     metrics_interval_s: float = Field(default=10.0, gt=0)
-    num_cpus: float = Field(default=1.0, ge=0)
+    # None: a CPU replica takes its node's cores (its engine's threads are the speed it has), a
+    # GPU replica one core
+    num_cpus: float | None = Field(default=None, ge=0)
     num_gpus: float | None = Field(default=None, ge=0)  # None: 1 on cuda, 0 on cpu
     torch_threads: int | None = Field(default=None, ge=1)  # None: num_cpus (at least 1)
 
@@ -118,8 +121,14 @@ class AppArgs(BaseModel):
         return 1.0 if self.device == "cuda" else 0.0
 
     @property
+    def cpus_per_replica(self) -> float:
+        if self.num_cpus is not None:
+            return self.num_cpus
+        return 1.0 if self.device == "cuda" else float(os.cpu_count() or 1)
+
+    @property
     def threads_per_replica(self) -> int:
-        return self.torch_threads or max(1, int(self.num_cpus))
+        return self.torch_threads or max(1, int(self.cpus_per_replica))
 
     def default_slo(self) -> dict[str, float] | None:
         """The requests' default `slo` object; None when the deployment sets none."""
@@ -127,7 +136,7 @@ class AppArgs(BaseModel):
         return {k: v for k, v in slo.items() if v is not None} or None
 
     def ray_actor_options(self) -> dict[str, Any]:
-        return {"num_cpus": self.num_cpus, "num_gpus": self.gpus_per_replica}
+        return {"num_cpus": self.cpus_per_replica, "num_gpus": self.gpus_per_replica}
 
     def engine_config(self) -> EngineConfig:
         policy, k = parse_policy(self.policy, self.max_k)

@@ -42,7 +42,7 @@ class FaserEngine:
         # (CPUs, GPUs) of one replica, when the cluster's size bounds the fleet
         self.auto_shape: tuple[float, float] | None = None
         if app_args.max_replicas == "auto":
-            self.auto_shape = (app_args.num_cpus, app_args.gpus_per_replica)
+            self.auto_shape = (app_args.cpus_per_replica, app_args.gpus_per_replica)
         self.replica_id = _replica_id()
         self.serving = OpenAIServing(
             self.async_engine,

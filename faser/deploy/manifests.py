@@ -66,11 +66,12 @@ def worker_bounds(args: AppArgs, cluster: ClusterSpec) -> WorkerBounds:
     gpus = args.gpus_per_replica
     if not 0 < gpus <= cluster.gpus_per_worker:
         raise ValueError(f"num_gpus must lie in (0, {cluster.gpus_per_worker}], got {gpus}")
-    if args.num_cpus > cluster.worker_cpus - 1:  # one core stays with the raylet and the proxy
-        raise ValueError(f"num_cpus must be <= {cluster.worker_cpus - 1}, got {args.num_cpus}")
+    cpus = args.cpus_per_replica
+    if cpus > cluster.worker_cpus - 1:  # one core stays with the raylet and the proxy
+        raise ValueError(f"num_cpus must be <= {cluster.worker_cpus - 1}, got {cpus}")
     per_worker = int(cluster.gpus_per_worker // gpus)
-    if args.num_cpus > 0:
-        per_worker = min(per_worker, int((cluster.worker_cpus - 1) // args.num_cpus))
+    if cpus > 0:
+        per_worker = min(per_worker, int((cluster.worker_cpus - 1) // cpus))
     if args.num_replicas == "auto":
         low, high = args.min_replicas, args.max_replicas
     else:

@@ -1,6 +1,7 @@
 """AppArgs (serve run arguments) and the OpenAI request schemas, without Ray or a model."""
 
 import json
+import os
 
 import pytest
 from pydantic import ValidationError
@@ -40,10 +41,14 @@ def test_bad_arguments_name_the_field(bad, field):
         AppArgs.model_validate(bad)
 
 
-def test_cpu_replicas_default_to_no_gpu_and_one_thread():
+def test_a_cpu_replica_takes_its_nodes_cores_by_default():
+    cores = os.cpu_count() or 1
     args = AppArgs()
-    assert args.ray_actor_options() == {"num_cpus": 1.0, "num_gpus": 0.0}
-    assert args.engine_config().num_threads == 1
+    assert args.ray_actor_options() == {"num_cpus": float(cores), "num_gpus": 0.0}
+    assert args.engine_config().num_threads == cores
+    one = AppArgs(num_cpus=1)
+    assert one.ray_actor_options()["num_cpus"] == 1.0 and one.engine_config().num_threads == 1
+    assert AppArgs(device="cuda").ray_actor_options() == {"num_cpus": 1.0, "num_gpus": 1.0}
 
 
 @pytest.mark.parametrize(
