@@ -181,6 +181,11 @@ class FaserPolicy(Policy):
     ) -> StepPlan:
         if not states or self.controller.stays_off(len(states)):
             return StepPlan(max_k=(0,) * len(states), mode="off")
+        if load.num_waiting:
+            # requests queue: the replica is compute-bound, and its waiting requests pay for the
+            # step's drafting, which the running batch's goodput does not see
+            zero = (0,) * len(states)
+            return StepPlan(zero, mode=self.controller.update(zero, load.num_prefill_tokens, 0.0))
         cap = self.controller.cap(self.config.max_k)
         acceptance = [self.estimator.before_draft(s, min(s.max_k, cap)) for s in states]
         limits = Limits(_budget(load, limits), limits.max_step_time_s, limits.tpot_deadlines_s)

@@ -197,6 +197,14 @@ def test_faser_switches_off_and_skips_planning_while_the_batch_does_not_shrink()
     assert policy.plan(states(*[0.9] * 7), load(7)).choice is not None  # smaller: planned again
 
 
+def test_faser_does_not_speculate_while_requests_wait():
+    policy = faser()
+    assert any(policy.plan(states(0.95, 0.95), load(2)).max_k)
+    queued = policy.plan(states(0.95, 0.95), load(2, waiting=3))
+    assert queued.max_k == (0, 0) and queued.mode == "off"
+    assert any(policy.plan(states(0.95), load(1)).max_k)  # the queue gone, a smaller batch
+
+
 def test_faser_with_an_empty_batch():
     plan = faser().plan([], load(0))
     assert plan.max_k == () and plan.mode == "off"
