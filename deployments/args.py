@@ -124,7 +124,7 @@ class AppArgs(BaseModel):
     def cpus_per_replica(self) -> float:
         if self.num_cpus is not None:
             return self.num_cpus
-        return 1.0 if self.device == "cuda" else float(os.cpu_count() or 1)
+        return 1.0 if self.device == "cuda" else _node_cpus()
 
     @property
     def threads_per_replica(self) -> int:
@@ -158,3 +158,14 @@ class AppArgs(BaseModel):
             num_threads=self.threads_per_replica,
             seed=self.seed,
         )
+
+
+def _node_cpus() -> float:
+    """The CPUs Ray counts on this node (cgroup quotas included, unlike os.cpu_count()), so that a
+    replica asking for all of them can be placed."""
+    try:
+        from ray._private.utils import get_num_cpus
+
+        return float(get_num_cpus())
+    except Exception:  # a Ray without that helper
+        return float(os.cpu_count() or 1)

@@ -1,7 +1,6 @@
 """AppArgs (serve run arguments) and the OpenAI request schemas, without Ray or a model."""
 
 import json
-import os
 
 import pytest
 from pydantic import ValidationError
@@ -42,7 +41,9 @@ def test_bad_arguments_name_the_field(bad, field):
 
 
 def test_a_cpu_replica_takes_its_nodes_cores_by_default():
-    cores = os.cpu_count() or 1
+    from ray._private.utils import get_num_cpus
+
+    cores = int(get_num_cpus())
     args = AppArgs()
     assert args.ray_actor_options() == {"num_cpus": float(cores), "num_gpus": 0.0}
     assert args.engine_config().num_threads == cores
