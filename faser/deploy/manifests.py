@@ -73,6 +73,8 @@ def worker_bounds(args: AppArgs, cluster: ClusterSpec) -> WorkerBounds:
     if cpus > 0:
         per_worker = min(per_worker, int((cluster.worker_cpus - 1) // cpus))
     if args.num_replicas == "auto":
+        if args.max_replicas == "auto":  # the cluster grows on demand: it has no size to read
+            raise ValueError("max_replicas must be a number for a KubeRay cluster, not 'auto'")
         low, high = args.min_replicas, args.max_replicas
     else:
         low = high = args.num_replicas

@@ -104,7 +104,9 @@ class LLMEngine:
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
         layout = pair.weight_format
         if self.target.unfused_reason is None:  # its layers as one call: another cost curve
-            layout = f"{layout}+fused@{cpu_build.sources_digest()}"
+            layout = f"{layout}+fused"
+        if config.device == "cpu":  # the CPU kernels' build prices every step on a CPU
+            layout = f"{layout}@{cpu_build.sources_digest()}"
         key = profile_key(models, config.device, config.dtype, config.num_threads, layout)
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):

@@ -80,6 +80,7 @@ def test_worker_bounds(overrides, cluster: ClusterSpec, bounds: tuple[int, int])
         (AppArgs(device="cuda", num_gpus=2), "num_gpus"),
         (AppArgs(device="cuda", num_gpus=0), "num_gpus"),
         (AppArgs(device="cuda", num_cpus=8), "num_cpus"),
+        (AppArgs(device="cuda", max_replicas="auto"), "max_replicas"),
     ],
 )
 def test_worker_bounds_name_the_bad_field(args: AppArgs, field: str) -> None:

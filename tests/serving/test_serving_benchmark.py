@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import torch
 import uvicorn
 
 from benchmarks.serving import (
@@ -24,30 +23,15 @@ from benchmarks.serving import (
     random_texts,
     summarise,
 )
-from deployments.api import build_openai_app
-from deployments.ingress import LocalEngineClient
-from deployments.serving import OpenAIServing
-from faser.config import EngineConfig, SpecConfig
-from faser.engine.async_engine import AsyncLLMEngine
-from faser.engine.llm_engine import LLMEngine
 
 MAX_TOKENS = 6
 TEXTS = ["Tell me about foxes.", "What is 2 + 2?", "Hello, world!"]
 
 
 @pytest.fixture(scope="module")
-def server_url(tiny_pair):
-    torch.set_num_threads(1)
-    target, draft = tiny_pair
-    config = EngineConfig(
-        model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
-        num_kv_blocks=128, max_num_seqs=4, num_threads=1,
-    )
-    engine = LLMEngine(config)
-    async_engine = AsyncLLMEngine(engine, idle_wait_s=0.01)
-    serving = OpenAIServing(async_engine, engine.tokenizer, engine.max_model_len, policy="fixed")
-    app = build_openai_app(LocalEngineClient(serving, "tiny"))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+def server_url(local_app):
+    config = uvicorn.Config(local_app, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -57,7 +41,6 @@ def server_url(tiny_pair):
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
     thread.join(timeout=10)
-    async_engine.shutdown()
 
 
 def check_records(records, num: int, concurrency: int) -> None:
