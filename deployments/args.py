@@ -76,6 +76,9 @@ class AppArgs(BaseModel):
     router: Literal["load_aware", "power_of_two"] = "load_aware"
     routing_stats_period_s: float = Field(default=0.5, gt=0)
     ingress_replicas: int = Field(default=1, ge=1)
+    # a stream's tokens go out at most this often (its first token and its end at once); 0: every
+    # step. Each chunk costs every hop to the client CPU time that the engine's threads wait for.
+    stream_interval_ms: float = Field(default=50.0, ge=0)
 
     # access: Bearer keys (None: the FASER_API_KEYS environment variable; none: open) and the
     # largest request body accepted

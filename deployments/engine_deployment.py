@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
-import torch
 from ray import serve
 
 from deployments.args import AppArgs
@@ -28,14 +27,16 @@ class FaserEngine:
         # plain arguments cross to the replica, which builds its own frozen EngineConfig
         app_args = AppArgs.model_validate(args)
         config = app_args.engine_config()
-        if config.num_threads is not None:
-            torch.set_num_threads(config.num_threads)
         from faser.engine.llm_engine import LLMEngine  # the heavy import only on replicas
 
-        engine = LLMEngine(config)
-        engine.prepare()  # before the replica is ready, not inside its first request
-        self.engine = engine
-        self.async_engine = AsyncLLMEngine(engine)
+        def build() -> LLMEngine:
+            engine = LLMEngine(config)
+            engine.prepare()  # before the replica is ready, not inside its first request
+            return engine
+
+        interval_s = app_args.stream_interval_ms / 1e3
+        self.async_engine = AsyncLLMEngine(build, stream_interval_s=interval_s)
+        self.engine = engine = self.async_engine.engine
         self.target_load = app_args.target_load
         self.served_model_name = app_args.served_model_name or engine.model_name
         self.capacity = config.max_num_seqs

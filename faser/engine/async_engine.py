@@ -1,10 +1,19 @@
 """The engine's step loop on a background thread, with one async token stream per request.
 
-Only the loop thread ever touches the engine: adds, aborts and the cluster-load signal are
-queued as commands and applied between steps, so the engine needs no lock and a request is
-validated (and rejected with ValueError) before its stream starts. A stream that is closed or
-cancelled before its request finishes aborts the request, which frees its KV blocks before the
-next step.
+Only the loop thread ever touches the engine, from building it on: adds, aborts and the
+cluster-load signal are queued as commands and applied between steps, so the engine needs no
+lock and a request is validated (and rejected with ValueError) before its stream starts. A
+stream that is closed or cancelled before its request finishes aborts the request, which frees
+its KV blocks before the next step.
+
+A request's outputs reach its stream at most once per `stream_interval_s` (its first token and
+its end at once): each hand-off costs every hop to the client (a Ray message, an SSE chunk) CPU
+that, on a small CPU host, the step's own threads wait for; the stream merges what was held.
+
+The engine is built, prepared and stepped on that one thread because OpenMP's runtime (libgomp)
+gives every thread that runs a parallel region its own worker pool, and once a process holds
+more pool threads than cores it stops spinning between regions: every region then puts its
+workers to sleep and wakes them again.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -94,21 +104,30 @@ class TextDeltas:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue[RequestOutput | BaseException]
+    held: list[RequestOutput] = field(default_factory=list)  # the step loop's, until due
+    due: float = 0.0  # time.monotonic() from which the next hand-off may go
 
 
 class AsyncLLMEngine:
-    """Runs `engine.step()` on a daemon thread while requests wait on asyncio queues."""
+    """Builds the engine with `build()` on a daemon thread and runs `engine.step()` there while
+    requests wait on asyncio queues; the constructor returns once the engine is built (and
+    raises what `build` raised)."""
 
-    def __init__(self, engine: Any, idle_wait_s: float = 0.05) -> None:
-        self.engine = engine
+    def __init__(
+        self, build: Callable[[], Any], idle_wait_s: float = 0.05, stream_interval_s: float = 0.0
+    ) -> None:
         self.idle_wait_s = idle_wait_s
+        self.stream_interval_s = stream_interval_s
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._wakeup = threading.Event()
         self._stopped = threading.Event()
-        self._stats: dict[str, Any] = dict(engine.load_stats())
-        self._thread = threading.Thread(target=self._run, name="faser-step-loop", daemon=True)
+        built: Future = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(build, built), name="faser-step-loop", daemon=True
+        )
         self._thread.start()
+        built.result()
 
     # ---- public, called from any event loop ------------------------------------------------
 
@@ -184,7 +203,14 @@ class AsyncLLMEngine:
         if self._streams.pop(request_id, None) is not None:
             self.engine.abort_request(request_id)
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], Any], built: Future) -> None:
+        try:
+            self.engine = build()
+            self._stats: dict[str, Any] = dict(self.engine.load_stats())
+        except BaseException as exc:
+            built.set_exception(exc)
+            return
+        built.set_result(None)
         while not self._stopped.is_set():
             self._drain_commands()
             if not self.engine.has_unfinished_requests():
@@ -213,19 +239,27 @@ class AsyncLLMEngine:
                 logger.exception("engine command failed")
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.monotonic()
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:  # aborted while the step ran
                 continue
+            stream.held.append(output)
             if output.finished:
                 del self._streams[output.request_id]
-            _deliver(stream, output)
+                _deliver(stream, stream.held)
+        # a stream the step left out (a preempted request) is handed what it holds once due too
+        for stream in self._streams.values():
+            if stream.held and now >= stream.due:
+                _deliver(stream, stream.held)
+                stream.held = []
+                stream.due = now + self.stream_interval_s
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id, stream in list(self._streams.items()):
             with contextlib.suppress(Exception):
                 self.engine.abort_request(request_id)
-            _deliver(stream, RuntimeError(f"engine step failed: {exc}"))
+            _deliver(stream, [RuntimeError(f"engine step failed: {exc}")])
         self._streams.clear()
 
 
@@ -246,10 +280,15 @@ def _merged(
         item = waiting.get_nowait()
 
 
-def _deliver(stream: _Stream, item: RequestOutput | BaseException) -> None:
+def _deliver(stream: _Stream, items: list[RequestOutput] | list[BaseException]) -> None:
     # a caller whose event loop has closed has gone away; its request is aborted by then
     with contextlib.suppress(RuntimeError):
-        stream.loop.call_soon_threadsafe(stream.outputs.put_nowait, item)
+        stream.loop.call_soon_threadsafe(_put_all, stream.outputs, items)
+
+
+def _put_all(queue: asyncio.Queue, items: list) -> None:
+    for item in items:
+        queue.put_nowait(item)
 
 
 def to_delta(

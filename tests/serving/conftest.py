@@ -58,8 +58,8 @@ def local_app(tiny_pair):
         model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
         num_kv_blocks=128, max_num_seqs=8, num_threads=1,
     )
-    engine = LLMEngine(config)
-    async_engine = AsyncLLMEngine(engine, idle_wait_s=0.01)
+    async_engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    engine = async_engine.engine
     serving = OpenAIServing(async_engine, engine.tokenizer, engine.max_model_len, policy="fixed")
     yield build_openai_app(LocalEngineClient(serving, "tiny"))
     async_engine.shutdown()

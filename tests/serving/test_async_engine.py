@@ -25,7 +25,7 @@ def engine(tiny_pair):
         max_num_seqs=4,
         num_threads=1,
     )
-    async_engine = AsyncLLMEngine(LLMEngine(config), idle_wait_s=0.01)
+    async_engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
     yield async_engine
     async_engine.shutdown()
 
@@ -102,3 +102,35 @@ def test_a_slow_consumer_gets_the_steps_it_missed_as_one_output(engine):
     assert len(slow) < len(fast)
     assert sum((o.new_token_ids for o in slow), []) == slow[-1].token_ids
     assert slow[-1].token_ids == fast[-1].token_ids
+
+
+def test_a_paced_stream_sends_its_first_token_at_once_and_the_rest_when_due(tiny_pair):
+    """With a stream interval longer than the whole request, a stream gets two outputs: the
+    first token as soon as it exists, then every other token with the end; the same tokens as
+    an unpaced stream."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          max_num_seqs=4, num_threads=1)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    paced = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01, stream_interval_s=60.0)
+    try:
+        outputs = asyncio.run(collect(paced, "paced", [3, 4, 5, 6], greedy, {"policy": "off"}))
+    finally:
+        paced.shutdown()
+    assert [len(o.new_token_ids) for o in outputs] == [1, 11]
+    assert [o.finished for o in outputs] == [False, True]
+    assert sum((o.new_token_ids for o in outputs), []) == outputs[-1].token_ids
+    unpaced = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    try:
+        plain = asyncio.run(collect(unpaced, "plain", [3, 4, 5, 6], greedy, {"policy": "off"}))
+    finally:
+        unpaced.shutdown()
+    assert plain[-1].token_ids == outputs[-1].token_ids
+
+
+def test_building_the_engine_fails_in_the_constructor(tiny_pair):
+    def broken():
+        raise RuntimeError("no such model")
+
+    with pytest.raises(RuntimeError, match="no such model"):
+        AsyncLLMEngine(broken)

@@ -31,7 +31,7 @@ def serving(tiny_pair):
         model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
         num_kv_blocks=64, max_num_seqs=4, num_threads=1,
     )
-    engine = AsyncLLMEngine(LLMEngine(config), idle_wait_s=0.01)
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
     yield OpenAIServing(engine, engine.engine.tokenizer, MAX_MODEL_LEN)
     engine.shutdown()
 

@@ -58,7 +58,7 @@ def engine(tiny_pair):
         model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:2"),
         num_kv_blocks=64, max_num_seqs=4, num_threads=1,
     )
-    async_engine = AsyncLLMEngine(LLMEngine(config), idle_wait_s=0.01)
+    async_engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
     yield async_engine
     async_engine.shutdown()
 
