@@ -11,7 +11,9 @@ output tokens come from the stream's final `usage`. Output tok/s = tokens / the 
 
 `--peer-url URL --peer-model NAME` puts the same load on another OpenAI server (vLLM's) in the
 same run, rounds interleaved (ours, peer, ours, peer) so that drift on a shared machine hits both
-alike; `--offline` adds the engine's own figure on the same prompts, C and settings
+alike; `--peer-app-arg KEY=VALUE` / `--peer-env NAME=VALUE` instead start a second copy of the app
+here, with those arguments or environment (Ray's own switches, say), as the peer: an A/B of two
+settings in one run. `--offline` adds the engine's own figure on the same prompts, C and settings
 (`faser` in this process, closed loop, no HTTP), measured before the app starts.
 
 Prompts: Spec-Bench first turns spread over the categories, or random text of a fixed token count
@@ -19,7 +21,7 @@ Prompts: Spec-Bench first turns spread over the categories, or random text of a 
   python -m benchmarks.serving [--concurrency 1,4,16] [--num-requests 48] [--max-tokens 128]
       [--prompts spec-bench|random] [--rate R] [--rounds 1] [--app-arg policy=off ...]
       [--url http://host:8000] [--peer-url http://host:8001 --peer-model DIR] [--offline]
-      [--json OUT]
+      [--peer-app-arg KEY=VALUE ...] [--peer-env NAME=VALUE ...] [--json OUT]
 """
 
 from __future__ import annotations
@@ -37,7 +39,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -380,8 +381,9 @@ class ServedApp:
     """`with ServedApp(app_args) as url:` the app, started in its own process group, stopped
     (and its Ray with it) on leaving."""
 
-    def __init__(self, app_args: dict) -> None:
+    def __init__(self, app_args: dict, env: dict[str, str] | None = None) -> None:
         self.app_args = app_args
+        self.env = env or {}
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = Path(tempfile.mkstemp(prefix="faser-serving-", suffix=".log")[1])
@@ -390,7 +392,7 @@ class ServedApp:
     def __enter__(self) -> str:
         code = (f"from benchmarks.serving import serve_forever; "
                 f"serve_forever({self.port}, {json.dumps(json.dumps(self.app_args))})")
-        env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+        env = {**os.environ, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", **self.env}
         env.pop("RAY_ADDRESS", None)
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
@@ -476,6 +478,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-name", default=None, help="default: the first of /v1/models")
     ap.add_argument("--peer-url", default=None, help="another OpenAI server under the same load")
     ap.add_argument("--peer-model", default=None, help="default: the first of its /v1/models")
+    ap.add_argument("--peer-app-arg", action="append", default=[], metavar="KEY=VALUE",
+                    help="start a second app here as the peer, with these arguments")
+    ap.add_argument("--peer-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="start a second app here as the peer, with this environment")
     ap.add_argument("--offline", action="store_true",
                     help="the engine's own figure, same prompts, C and settings (no HTTP)")
     ap.add_argument("--concurrency", default="1,4,16")
@@ -497,12 +503,16 @@ def parse_app_args(pairs: Sequence[str]) -> dict[str, str]:
     """`key=value` pairs as `serve run deployments:build_app key=value` takes them, checked."""
     from deployments.args import AppArgs
 
-    bad = [p for p in pairs if "=" not in p]
-    if bad:
-        raise SystemExit(f"--app-arg takes KEY=VALUE, got {bad}")
-    app_args = dict(p.split("=", 1) for p in pairs)
+    app_args = parse_pairs(pairs, "--app-arg")
     AppArgs.model_validate(app_args)
     return app_args
+
+
+def parse_pairs(pairs: Sequence[str], option: str) -> dict[str, str]:
+    bad = [p for p in pairs if "=" not in p]
+    if bad:
+        raise SystemExit(f"{option} takes KEY=VALUE, got {bad}")
+    return dict(p.split("=", 1) for p in pairs)
 
 
 def host_cpu() -> str:
@@ -529,6 +539,8 @@ def settings(args: argparse.Namespace, app_args: dict) -> dict:
         "num_requests": args.num_requests, "max_tokens": args.max_tokens,
         "concurrency": args.concurrency, "rate": args.rate, "rounds": args.rounds,
         "peer_url": args.peer_url, "offline": args.offline,
+        "peer_app_args": parse_pairs(args.peer_app_arg, "--peer-app-arg"),
+        "peer_env": parse_pairs(args.peer_env, "--peer-env"),
     }
 
 
@@ -543,6 +555,9 @@ def print_header(run: dict) -> None:
           f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server")
     if run["peer_url"]:
         print(f"peer: {run['peer_url']}, rounds interleaved with ours")
+    elif run["peer_app_args"] or run["peer_env"]:
+        print(f"peer: the app started here too, app args {run['peer_app_args'] or '(ours)'}, "
+              f"environment {run['peer_env'] or '(ours)'}, rounds interleaved with ours")
     if run["offline"]:
         print("offline: the engine with the app's settings in this process, closed loop")
     sys.stdout.flush()
@@ -575,10 +590,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     print_header(run)
     texts = load_texts(args, app_args)
     offline = offline_summaries(app_args, texts, loads, args.max_tokens) if args.offline else {}
-    with ServedApp(app_args) if args.url is None else nullcontext(args.url) as url:
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(ServedApp(app_args))
         targets = [make_target(OURS, url, args.model_name)]
-        if args.peer_url:
-            targets.append(make_target(PEER, args.peer_url, args.peer_model))
+        peer_url = args.peer_url
+        if peer_url is None and (run["peer_app_args"] or run["peer_env"]):
+            peer_args = {**app_args, **parse_app_args(args.peer_app_arg)}
+            peer_url = stack.enter_context(ServedApp(peer_args, run["peer_env"]))
+        if peer_url:
+            targets.append(make_target(PEER, peer_url, args.peer_model))
         for target in targets:
             warm_up(target)
         summaries, records = measure(targets, texts, loads, args, offline)

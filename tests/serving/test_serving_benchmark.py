@@ -20,7 +20,10 @@ from benchmarks.serving import (
     drive,
     main,
     make_target,
+    parse_app_args,
+    parse_args,
     random_texts,
+    settings,
     summarise,
 )
 
@@ -103,3 +106,14 @@ def test_main_with_url_offline_and_json(server_url, tiny_pair, tmp_path, capsys)
         assert s["output_tokens"] == 3 * MAX_TOKENS
     assert len(out["requests"]) == 6
     assert all(r["output_tokens"] == MAX_TOKENS for r in out["requests"])
+
+
+def test_a_peer_app_takes_checked_arguments_and_environment():
+    args = parse_args(["--peer-app-arg", "stream_interval_ms=0", "--peer-env", "RAY_X=1"])
+    run = settings(args, {})
+    assert run["peer_app_args"] == {"stream_interval_ms": "0"}
+    assert run["peer_env"] == {"RAY_X": "1"}
+    with pytest.raises(SystemExit, match="--peer-env takes KEY=VALUE"):
+        settings(parse_args(["--peer-env", "RAY_X"]), {})
+    with pytest.raises(ValueError, match="stream_interval_ms"):
+        parse_app_args(["stream_interval_ms=-1"])
