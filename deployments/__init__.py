@@ -5,9 +5,20 @@ deployments:build_app model=... draft_model=... device=cuda num_replicas=auto` t
 (validated by deployments.args.AppArgs). Importing this module binds; it loads no model.
 """
 
-from deployments.app_builder import build_app
-from deployments.args import AppArgs
+import os
+
+# Ray Serve's throughput-optimised mode (gRPC between handles and replicas, user code on the
+# replica's own event loop), but through Serve's proxy on the usual port, not direct ingress.
+# Each Ray process reads these when it starts, and `serve run` imports the app before it starts
+# Ray, so they take effect here for a local cluster; a cluster started otherwise sets them itself
+# (the KubeRay manifests do).
+RAY_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}
+for _name, _value in RAY_ENV.items():
+    os.environ.setdefault(_name, _value)
+
+from deployments.app_builder import build_app  # noqa: E402
+from deployments.args import AppArgs  # noqa: E402
 
 app = build_app(AppArgs())
 
-__all__ = ["AppArgs", "app", "build_app"]
+__all__ = ["RAY_ENV", "AppArgs", "app", "build_app"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import ray
 
-from deployments import AppArgs
+from deployments import RAY_ENV, AppArgs
 from faser.deploy.serve_config import HTTP_PORT
 
 APP_LABEL = "faser-serve"  # app.kubernetes.io/name of every pod: what the PodMonitor selects
@@ -229,7 +229,9 @@ def _gpu_worker_group(cluster: ClusterSpec, bounds: WorkerBounds) -> dict[str, A
 
 
 def _env() -> list[dict[str, str]]:
-    return [{"name": "FASER_CACHE", "value": CACHE_DIR}]
+    # Ray's switches the app runs under (deployments/__init__.py)
+    ray_env = [{"name": name, "value": value} for name, value in RAY_ENV.items()]
+    return [{"name": "FASER_CACHE", "value": CACHE_DIR}, *ray_env]
 
 
 def _port(name: str, number: int) -> dict[str, Any]:
