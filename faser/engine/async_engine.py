@@ -248,7 +248,7 @@ class AsyncLLMEngine:
             if output.finished:
                 del self._streams[output.request_id]
                 _deliver(stream, stream.held)
-        # a stream the step left out (a preempted request) is handed what it holds once due too
+        # every stream hands over what it holds once due, a preempted request's stream too
         for stream in self._streams.values():
             if stream.held and now >= stream.due:
                 _deliver(stream, stream.held)
