@@ -1,6 +1,7 @@
 """How a model's linear weights are laid out in memory for the device.
 
-"packed": the decoder projections and the head in the panels of the row-invariant CPU kernel
+"packed": the decoder projections, the head and any other linear layer of the model's own (a
+feature draft's input fusions) in the panels of the row-invariant CPU kernel
 (faser_kernels.cpu_linear): row i of a call has the bits of a one-row call however many rows share
 it, which is what makes a (k + 1)-position verification agree with k + 1 plain decodes bit for bit,
 and the kernel streams each weight once per call, so verification costs about one decode.
@@ -53,7 +54,8 @@ def packed_reason(device: str, dtype: str) -> str | None:
 
 
 def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module:
-    """Repacks the decoder layers' projections and the head in place."""
+    """Repacks the decoder layers' projections and the model's own linear layers (the head, a
+    feature draft's fusions) in place."""
     if weight_format not in WEIGHT_FORMATS or weight_format == "auto":
         raise ValueError(f"weight_format must be 'dense' or 'packed', got {weight_format!r}")
     if weight_format == "dense":
@@ -63,8 +65,9 @@ def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module
         raise ValueError(f"weight_format 'packed' cannot run here: {reason}")
     for parent, name, child in decoder_projections(model):
         setattr(parent, name, RowInvariantLinear(child))
-    if isinstance(model.lm_head, nn.Linear):
-        model.lm_head = RowInvariantLinear(model.lm_head)
+    for name, child in list(model.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(model, name, RowInvariantLinear(child))
     return model
 
 

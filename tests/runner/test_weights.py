@@ -23,7 +23,7 @@ def needs_packed(dtype: str):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_packing_replaces_every_projection_and_the_head(dtype):
+def test_packing_replaces_every_projection_the_head_and_the_models_own_linears(dtype):
     if (reason := packed_reason("cpu", dtype)) is not None:
         pytest.skip(reason)
     model = _TinyModel(bias=True).to(getattr(torch, dtype))
@@ -32,6 +32,7 @@ def test_packing_replaces_every_projection_and_the_head(dtype):
     pack_weights(model, "packed", "cpu")
     qkv = model.layers[0].self_attn.qkv_proj
     assert isinstance(qkv, RowInvariantLinear) and isinstance(model.lm_head, RowInvariantLinear)
+    assert isinstance(model.fc, RowInvariantLinear)  # a feature draft's input fusion
     assert model.lm_head.out_features == 50
     tolerance = 1e-5 if dtype == "float32" else 2e-2
     torch.testing.assert_close(qkv(x).float(), expected, rtol=tolerance, atol=tolerance)
@@ -93,11 +94,13 @@ class _Layer(nn.Module):
 
 
 class _TinyModel(nn.Module):
-    """The attribute layout of faser.models.llama that pack_weights walks."""
+    """The attribute layout of faser.models.llama (and a feature draft's `fc`) that pack_weights
+    walks."""
 
     def __init__(self, bias: bool) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(50, 16)
+        self.fc = nn.Linear(32, 16, bias=False)
         self.layers = nn.ModuleList([_Layer(bias)])
         self.lm_head = nn.Linear(16, 50, bias=False)
         self.lm_head.weight = self.embed_tokens.weight
