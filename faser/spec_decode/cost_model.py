@@ -32,8 +32,9 @@ from faser.models.model_cache import cache_root
 # the row counts where GEMM kernels change their blocking (a step's cost is a staircase there)
 TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
-# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points
-PROFILE_VERSION = 4
+# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points;
+# 5: a feature draft's input fusions packed (its step got cheaper)
+PROFILE_VERSION = 5
 # The knee: the first doubling of the tokens that costs sqrt(2) times as much (where the growing
 # part of t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
