@@ -31,8 +31,9 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     block_table: list[int] = field(default_factory=list)  # shared by the target and draft caches
-    num_cached: int = 0  # positions held in the target's KV cache
-    num_draft_cached: int = 0  # positions held in the draft's KV cache
+    # positions held in the target's and the draft's KV caches; written only by the methods below
+    num_cached: int = 0
+    num_draft_cached: int = 0
     features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
     lookup: PromptLookup = field(default_factory=PromptLookup)  # for prompt lookup
     stats: SpecStats = field(default_factory=SpecStats)
@@ -45,6 +46,15 @@ class Sequence:
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+
+    def mark_target_cached(self, num_positions: int) -> None:
+        """A forward just fed the target positions up to `num_positions`."""
+        self.num_cached = num_positions
+
+    def mark_draft_cached(self, num_positions: int) -> None:
+        """The draft's cache holds (or, after a guess is dropped, is trusted for) the first
+        `num_positions` positions."""
+        self.num_draft_cached = num_positions
 
     def roll_back_caches(self) -> None:
         """After tokens are committed: what the target and the draft computed past them (rejected

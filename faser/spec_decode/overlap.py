@@ -267,7 +267,7 @@ class OverlapStep:
         new = r.line.context()
         same = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),
                     min(len(old), len(new)))
-        r.seq.num_draft_cached = min(r.seq.num_draft_cached, same)
+        r.seq.mark_draft_cached(min(r.seq.num_draft_cached, same))
 
     @staticmethod
     def _proposal(reqs: list[_Request]) -> Proposal:

@@ -127,7 +127,7 @@ class Proposer:
                 proposal.draft_probs[i] = torch.stack(q)
         if self.runner.reads_features:
             for i, n in committed.items():  # rows from its own guesses are redone next time
-                seqs[i].num_draft_cached = n
+                seqs[i].mark_draft_cached(n)
                 seqs[i].features.forget_before(n - 1)
         return proposal
 
@@ -144,7 +144,7 @@ class Proposer:
         chunks = []
         for seq, context in zip(seqs, contexts, strict=True):
             start = min(seq.num_draft_cached, len(context) - 1)
-            seq.num_draft_cached = len(context)
+            seq.mark_draft_cached(len(context))
             chunks.append(Chunk(context[start:], start, seq.block_table, num_logits=1))
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
         histories = [history(seq, context[seq.num_tokens :])
@@ -173,7 +173,7 @@ class Proposer:
             tokens = [drafted[-1]]
             if guess is not None:
                 features = guess[None]
-        seq.num_draft_cached = start + len(tokens)
+        seq.mark_draft_cached(start + len(tokens))
         return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
 
     def _picks(

@@ -1,5 +1,6 @@
 """What the speculation layer needs of a request. The engine's Sequence satisfies it; the spec
-layer never imports the engine (layers only look down)."""
+layer never imports the engine (layers only look down). The cache cursors are read here and
+moved only through the request's own methods."""
 
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ class SpecRequest(Protocol):
     spec_state: SpecState
     generator: torch.Generator
     block_table: list[int]
-    num_cached: int
-    num_draft_cached: int
     features: TargetFeatures  # the target's hidden states, kept for a feature draft
     lookup: PromptLookup  # its committed tokens' n-grams, for prompt lookup
     stats: SpecStats
@@ -31,6 +30,16 @@ class SpecRequest(Protocol):
     output_token_ids: list[int]
     logprobs: list[TokenLogprob]  # the committed tokens', when the request asks for them
     prompt_logprobs: list[TokenLogprob | None]
+
+    @property
+    def num_cached(self) -> int: ...  # positions in the target's KV cache
+
+    @property
+    def num_draft_cached(self) -> int: ...  # positions in the draft's KV cache
+
+    def mark_target_cached(self, num_positions: int) -> None: ...
+
+    def mark_draft_cached(self, num_positions: int) -> None: ...
 
     @property
     def token_ids(self) -> list[int]: ...

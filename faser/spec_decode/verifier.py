@@ -235,13 +235,13 @@ def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _verify_chunk(seq: SpecRequest, draft: list[int], start: int, j: int, f: int) -> Chunk:
     inputs = ([seq.last_token_id] + draft)[j : j + f]
-    seq.num_cached = start + j + len(inputs)
+    seq.mark_target_cached(start + j + len(inputs))
     return Chunk(inputs, start + j, seq.block_table, num_logits=len(inputs))
 
 
 def _prefill_chunk(seq: SpecRequest, n: int) -> Chunk:
     start = seq.num_cached
-    seq.num_cached += n
+    seq.mark_target_cached(start + n)
     completes = seq.num_cached == seq.num_tokens
     # prompt logprobs read every position's logits (until all are scored, as a preempted
     # request's prefill may come again); sampling reads only the last one's

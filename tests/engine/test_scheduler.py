@@ -26,7 +26,7 @@ def make_scheduler(num_blocks=64, block_size=4, budget=16, max_seqs=8) -> Schedu
 def run_prefills(sched: Scheduler, out) -> None:
     """What the engine does after a forward: the chunk is cached; a finished prompt samples."""
     for seq, n in out.prefills:
-        seq.num_cached += n
+        seq.mark_target_cached(seq.num_cached + n)
         if seq.num_cached == seq.num_tokens:
             seq.output_token_ids.append(0)
 
