@@ -138,10 +138,9 @@ class Speculator:
             proposal = self.proposer.propose(decodes, max_k, self._stop(plans))
             draft_s = time.perf_counter() - begin
             proposal.truncate(self._trim(decodes, proposal, plans, load, limits))
-        keep = [plans[s.spec_state.policy].mode != "off" for s in decodes]
         begin = time.perf_counter()
         verdicts, prefill_tokens = self.verifier.verify(
-            decodes, proposal, prefills, frontier, keep_features=keep
+            decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, plans)
         )
         verify_s = time.perf_counter() - begin
         if self.cost is not None and not prefills and frontier is None:
@@ -194,6 +193,26 @@ class Speculator:
             budget -= k
             max_k.append(k)
         return max_k
+
+    def _not_drafting(self, decodes, prefills, plans: dict[str, StepPlan]) -> frozenset[str]:
+        """Requests whose policy is off this step (by its plan, or for a policy with no decoding
+        request, by its mode when it last planned): their target features are not kept, so that
+        a step where nobody drafts costs what policy `off`'s does. A request prefilled meanwhile
+        drafts later over its prompt without them (its draft then guesses worse), which is the
+        price of a replica that is busy enough for speculation to be off."""
+        def off(name: str) -> bool:
+            plan = plans.get(name)
+            return plan.mode == "off" if plan is not None else self._mode_of(name) == "off"
+
+        seqs = [*decodes, *(seq for seq, _ in prefills)]
+        return frozenset(s.request_id for s in seqs if off(s.spec_state.policy))
+
+    def _mode_of(self, name: str) -> str:
+        """A policy's mode when it last planned; a policy yet to plan drafts (unless it is off)."""
+        policy = self._policies.get(name)
+        if isinstance(policy, FaserPolicy):
+            return policy.controller.mode
+        return "off" if name == "off" else "prune"
 
     def _reserve(self, seq: SpecRequest, num_slots: int) -> bool:
         return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)

@@ -9,7 +9,6 @@ plain decoding. Prefill chunks ride along in frontier 0 and sample when they com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -65,20 +64,18 @@ class Verifier:
         proposal: Proposal,
         prefills: list[tuple[SpecRequest, int]],
         frontier_size: int | None = None,
-        keep_features: Sequence[bool] | None = None,
+        skip_features: frozenset[str] = frozenset(),
     ) -> tuple[list[Verdict], list[int | None]]:
         """A verdict per decoding request and, per prefill chunk, the token sampled when the
-        chunk completed its prompt (None otherwise). `keep_features[i]`: keep decoding request
-        i's target features for the draft (default: every request that may speculate)."""
+        chunk completed its prompt (None otherwise). `skip_features`: ids of requests, decoding or
+        prefilling, whose target features are not kept for the draft (by default every request
+        that may speculate keeps them)."""
         drafts = proposal.draft_token_ids
         num_inputs = max((len(d) + 1 for d in drafts), default=1)
         f = num_inputs if frontier_size is None else max(1, frontier_size)
         verdicts = [Verdict() for _ in seqs]
         uniforms = [_uniforms(s, len(d)) for s, d in zip(seqs, drafts, strict=True)]
         starts = [s.num_cached for s in seqs]
-        skip = frozenset(
-            s.request_id for s, k in zip(seqs, keep_features or (), strict=False) if not k
-        )
         prefill_tokens: list[int | None] = [None] * len(prefills)
         for j in range(0, num_inputs, f):
             alive = [i for i, v in enumerate(verdicts) if not v.done and j <= len(drafts[i])]
@@ -89,7 +86,7 @@ class Verifier:
                 _frontier_item(seqs[i], proposal, i, starts[i], j, f, uniforms[i], verdicts[i])
                 for i in alive
             ]
-            self.verify_items(items, riders, prefill_tokens, skip)
+            self.verify_items(items, riders, prefill_tokens, skip_features)
         for i, verdict in enumerate(verdicts):
             verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
         return verdicts, prefill_tokens
