@@ -4,7 +4,10 @@ that verifies it most cheaply.
 For request i with per-position acceptance chances a_{i,1..}, draft position t survives with
 p_{i,t} = prod_{s<=t} a_{i,s} (it is accepted only if all before it are), so k_i drafts are
 expected to add E_i(k_i) = sum_{t<=k_i} p_{i,t} accepted tokens to the one every request commits.
-Goodput = sum_i (1 + E_i(k_i)) / T(k), T from the cost model.
+Goodput = sum_i (1 + E_i(k_i)) / (T(k) - P), T from the cost model and P what the step's prefill
+adds to it at k = 0: the prefill runs whatever k is, so its time must not make drafts look cheap
+(beside a 400 ms prefill any 20 ms of drafting seems to pay, yet it delays every prompt in the
+step). The limits hold the whole T(k).
 
 One walk: every candidate token in order of its survival chance (a request's positions come in
 order, since p falls along them), the step's time updated as each is added, and the best prefix
@@ -90,8 +93,9 @@ def choose_k(
     for _, _, i in best.taken:
         ks[i] += 1
     expected = tuple(sum(p[:k]) for p, k in zip(probs, ks, strict=True))
-    goodput = (n + sum(expected)) / best.time_s if best.time_s > 0 else 0.0
-    baseline = n / base.total() if n else 0.0
+    decode_s = best.time_s - base.prefill_s
+    goodput = (n + sum(expected)) / decode_s if decode_s > 0 else 0.0
+    baseline = n / base.decode_total() if n else 0.0
     return Choice(tuple(ks), expected, best.time_s, goodput, baseline, best.margin >= 1.0)
 
 
@@ -108,12 +112,12 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
     n = len(probs)
     gains, gained = [0.0] * n, 0.0
     remaining = sum(p for p, _, _ in order)
-    time_s = step.total()
-    best = _Walk([], n / time_s if time_s > 0 else 0.0, _margin(limits, deadlines, gains, time_s),
-                 time_s)
+    time_s, decode_s = step.total(), step.decode_total()
+    best = _Walk([], n / decode_s if decode_s > 0 else 0.0,
+                 _margin(limits, deadlines, gains, time_s), time_s)
     best_len = 0
     for length, (p, t, i) in enumerate(order, start=1):
-        if best.margin >= 1.0 and (n + gained + remaining) <= best.goodput * step.total():
+        if best.margin >= 1.0 and (n + gained + remaining) <= best.goodput * step.decode_total():
             break  # times only grow: not even every remaining token at today's cost would win
         step.add(t, i)
         gains[i] += p
@@ -121,7 +125,7 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
         remaining -= p
         time_s = step.total()
         margin = _margin(limits, deadlines, gains, time_s)
-        goodput = (n + gained) / time_s
+        goodput = (n + gained) / step.decode_total()
         if margin >= 1.0:
             better = best.margin < 1.0 or goodput > best.goodput * (1.0 + 1e-9)
         else:
@@ -135,13 +139,15 @@ class _Step:
     """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
     over the requests with k_i > j (the first over every token their drafts still have to read,
     priced as that many one-token rows); the target verifies every request's k_i + 1 rows and the
-    prefill in one forward."""
+    prefill in one forward; `prefill_s` is what the prefill adds to the step at k = 0."""
 
-    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill", "rows")
+    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill",
+                 "prefill_s", "rows")
 
     def copy(self) -> _Step:
         twin = _Step(self.cost, self.rows, self.num_prefill, self.drafted, self.lags)
         twin.draft_batches, twin.draft_s = list(self.draft_batches), self.draft_s
+        twin.prefill_s = self.prefill_s
         return twin
 
     def __init__(
@@ -152,6 +158,10 @@ class _Step:
         self.rows, self.num_prefill = num_requests, max(0, num_prefill)
         self.draft_batches: list[float] = []
         self.draft_s = 0.0
+        self.prefill_s = 0.0
+        if self.num_prefill:
+            alone = cost.verify_time(num_requests)
+            self.prefill_s = cost.verify_time(num_requests, self.num_prefill) - alone
 
     def add(self, position: int, request: int) -> None:
         if position == len(self.draft_batches):
@@ -165,6 +175,9 @@ class _Step:
 
     def total(self) -> float:
         return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill)
+
+    def decode_total(self) -> float:
+        return self.total() - self.prefill_s
 
 
 def _savable(

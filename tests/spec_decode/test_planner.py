@@ -52,10 +52,15 @@ def brute_force(acceptance, cost, num_prefill=0, limits=NO_LIMITS, drafted=False
         if any(d is not None and d * (1 + e) < time_s
                for d, e in zip(deadlines, expected, strict=True)):
             continue
-        goodput = (n + sum(expected)) / time_s
+        goodput = (n + sum(expected)) / (time_s - prefill_time(cost, n, num_prefill))
         if best is None or goodput > best[0]:
             best = (goodput, ks)
     return best
+
+
+def prefill_time(cost, num_requests, num_prefill):
+    """What a step's prefill adds to it at k = 0: no part of the drafts' price."""
+    return cost.verify_time(num_requests, num_prefill) - cost.verify_time(num_requests)
 
 
 def random_case(rng, max_requests=4, max_k=4, constant=False):
@@ -86,9 +91,22 @@ def test_the_choice_reports_its_own_prediction_consistently():
     assert choice.step_time_s == pytest.approx(cost.step_time(3, choice.ks, 5))
     expected = [sum(survival(a)[:k]) for a, k in zip(acceptance, choice.ks, strict=True)]
     assert choice.expected_accepted == pytest.approx(expected)
-    assert choice.goodput == pytest.approx((3 + sum(expected)) / choice.step_time_s)
-    assert choice.baseline_goodput == pytest.approx(3 / cost.step_time(3, [0, 0, 0], 5))
+    decode_s = choice.step_time_s - prefill_time(cost, 3, 5)
+    assert choice.goodput == pytest.approx((3 + sum(expected)) / decode_s)
+    assert choice.baseline_goodput == pytest.approx(3 / cost.step_time(3, [0, 0, 0], 0))
     assert choice.goodput > choice.baseline_goodput and choice.meets_limits
+
+
+def test_a_prefill_in_the_step_does_not_make_drafting_pay():
+    # drafting at 0.3 does not pay in a decode step; beside 400 prompt tokens its time looks
+    # small against the whole step, yet it still delays them all
+    cost = CostModel(linear(fixed_s=0.010, per_token_s=0.001, draft_s=0.002))
+    acceptance = [[0.3] * 4 for _ in range(4)]
+    alone = choose_k(acceptance, cost)
+    beside = choose_k(acceptance, cost, num_prefill_tokens=400)
+    assert not alone.speculates
+    assert beside.ks == alone.ks
+    assert beside.step_time_s == pytest.approx(cost.step_time(4, beside.ks, 400))
 
 
 def test_no_requests_is_an_empty_choice():

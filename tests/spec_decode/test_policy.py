@@ -168,11 +168,11 @@ def test_faser_without_lanes_never_overlaps():
 
 
 def test_faser_prunes_past_the_knee_with_the_cheapest_frontier():
-    """Four likely requests, eight unlikely ones and a prefill chunk: far past the knee of 16,
+    """Four likely requests, four unlikely ones and a prefill chunk: far past the knee of 16,
     and verifying the likely requests' long tails in frontiers of 4 saves work."""
     profile = roofline(knee=16, draft_s=0.0002)
-    batch = states(*[0.98] * 4, *[0.35] * 8)
-    plan = faser(profile=profile, can_overlap=True).plan(batch, load(12, prefill=32))
+    batch = states(*[0.98] * 4, *[0.35] * 4)
+    plan = faser(profile=profile, can_overlap=True).plan(batch, load(8, prefill=32))
     assert plan.mode == "prune" and not plan.overlap
     assert plan.frontier_size is not None and 1 <= plan.frontier_size < max(plan.max_k)
     estimator = AcceptanceEstimator(0.5)
