@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -269,6 +270,49 @@ def _best_round(records: list[dict]) -> dict:
     return best
 
 
+def round_ratios(records: Sequence[dict]) -> list[str]:
+    """Per load level, faser's figure over the best other policy's in each round, and their
+    median: policies of one round ran minutes apart, so the ratio escapes most of the host's
+    drift between rounds, which each policy's best round does not (the first policy of a round
+    that met a fast moment wins the table)."""
+    lines = []
+    for level in _levels(records):
+        runs = [r for r in records if _level_key(r) == level and "rounds_output_tokens_per_s" in r]
+        ours = [r for r in runs if r["policy"] == "faser"]
+        others = [r for r in runs if not r["policy"].startswith("faser")]
+        if not ours or not others:
+            continue
+        ratios = [_round_ratio(ours[0], others, j)
+                  for j in range(len(ours[0]["rounds_output_tokens_per_s"]))]
+        what = ("mean latency, best other / faser" if level[0] is None
+                else "tok/s, faser / best other")
+        shown = ", ".join(f"{x:.3f}" for x in ratios)
+        lines.append(f"{_level_name(ours[0])}: {what}, per round {shown}; "
+                     f"median {statistics.median(ratios):.3f}")
+    return lines
+
+
+def _round_ratio(ours: dict, others: list[dict], j: int) -> float:
+    if ours.get("concurrency") is None:  # open loop: lower latency is better
+        return min(r["rounds_mean_latency_s"][j] for r in others) / ours["rounds_mean_latency_s"][j]
+    return ours["rounds_output_tokens_per_s"][j] / max(
+        r["rounds_output_tokens_per_s"][j] for r in others)
+
+
+def _level_key(record: dict) -> tuple:
+    return record.get("concurrency"), record.get("trace"), record.get("time_scale")
+
+
+def _levels(records: Sequence[dict]) -> list[tuple]:
+    return list(dict.fromkeys(_level_key(r) for r in records))
+
+
+def _level_name(record: dict) -> str:
+    if record.get("concurrency") is not None:
+        return f"C = {record['concurrency']}"
+    return f"{record['trace']} x{record['time_scale']}"
+
+
 def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -> list[dict]:
     """Every policy once, starting with policy `shift`; records in the policies' own order. The
     first run's outputs are the reference every other run must match."""
@@ -328,6 +372,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     records = benchmark(args)
     print(describe(args))
     print(format_table(records))
+    for line in round_ratios(records):
+        print(line)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))

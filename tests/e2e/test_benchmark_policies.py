@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.metrics import Slo, percentile
-from benchmarks.policies import main, parse_policies
+from benchmarks.policies import main, parse_policies, round_ratios
 from benchmarks.workload import encode_prompt, fit_prompt, load_prompts, read_trace, trace_arrivals
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
 
@@ -105,6 +105,28 @@ def test_repeats_rotate_the_order_and_keep_each_policys_best_round(bench_files):
     closed, opened = records[:3], records[3:]
     assert all(r["output_tokens_per_s"] == max(r["rounds_output_tokens_per_s"]) for r in closed)
     assert all(r["mean_latency_s"] == min(r["rounds_mean_latency_s"]) for r in opened)
+
+
+def test_round_ratios_hold_faser_against_the_best_other_policy_of_each_round():
+    def closed(policy, tok_s):
+        return {"policy": policy, "concurrency": 4, "rounds_output_tokens_per_s": tok_s,
+                "rounds_mean_latency_s": [1.0] * len(tok_s)}
+
+    def opened(policy, latency_s):
+        return {"policy": policy, "concurrency": None, "trace": "conv.csv", "time_scale": 4.0,
+                "rounds_output_tokens_per_s": [1.0] * len(latency_s),
+                "rounds_mean_latency_s": latency_s}
+
+    records = [
+        closed("off", [100.0, 90.0, 80.0]), closed("fixed:1", [110.0, 80.0, 70.0]),
+        closed("faser", [99.0, 99.0, 72.0]),
+        opened("off", [2.0, 3.0]), opened("faser", [2.5, 2.0]), opened("faser-noprune", [1.0, 1.0]),
+    ]
+    assert round_ratios(records) == [
+        "C = 4: tok/s, faser / best other, per round 0.900, 1.100, 0.900; median 0.900",
+        "conv.csv x4.0: mean latency, best other / faser, per round 0.800, 1.500; median 1.150",
+    ]
+    assert round_ratios([closed("off", [1.0]), closed("fixed:1", [2.0])]) == []
 
 
 def test_prompts_encode_without_a_tokenizer(bench_files):
