@@ -14,14 +14,17 @@ same run, rounds interleaved (ours, peer, ours, peer) so that drift on a shared 
 alike; `--peer-app-arg KEY=VALUE` / `--peer-env NAME=VALUE` instead start a second copy of the app
 here, with those arguments or environment (Ray's own switches, say), as the peer: an A/B of two
 settings in one run. `--offline` adds the engine's own figure on the same prompts, C and settings
-(`faser` in this process, closed loop, no HTTP), measured before the app starts.
+(`faser` in this process, closed loop, no HTTP), measured before the app starts. `--cpu` prints,
+under each level, the cores each process of an app started here used during its rounds (the
+engine replica, the ingress, Serve's proxy and controller, Ray's daemons) and the client's own:
+where a served figure below the offline one went (benchmarks/cpu.py).
 
 Prompts: Spec-Bench first turns spread over the categories, or random text of a fixed token count
 (`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). Usage:
   python -m benchmarks.serving [--concurrency 1,4,16] [--num-requests 48] [--max-tokens 128]
       [--prompts spec-bench|random] [--rate R] [--rounds 1] [--app-arg policy=off ...]
       [--url http://host:8000] [--peer-url http://host:8001 --peer-model DIR] [--offline]
-      [--peer-app-arg KEY=VALUE ...] [--peer-env NAME=VALUE ...] [--json OUT]
+      [--peer-app-arg KEY=VALUE ...] [--peer-env NAME=VALUE ...] [--cpu] [--json OUT]
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks import cpu
 from benchmarks.common import DEFAULT_PROMPTS, REPO, print_table, spec_bench_prompts
 from benchmarks.metrics import percentile
 
@@ -106,11 +110,13 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An OpenAI server under load: its label, base URL (ending in /v1) and model name."""
+    """An OpenAI server under load: its label, base URL (ending in /v1) and model name, and the
+    root of its process tree when this program started it."""
 
     server: str
     base_url: str
     model: str
+    pid: int | None = None
 
 
 # ---------------------------------------------------------------- one request over HTTP
@@ -431,6 +437,11 @@ class ServedApp:
     def _tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    @property
+    def pid(self) -> int | None:
+        """The app's root process (its Ray and replicas descend from it), once started."""
+        return self.process.pid if self.process is not None else None
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
@@ -452,11 +463,11 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
-def make_target(server: str, url: str, model: str | None) -> Target:
+def make_target(server: str, url: str, model: str | None, pid: int | None = None) -> Target:
     names = [model] if model else _models(url)
     if not names:
         raise RuntimeError(f"{server}: no model listed at {api_base(url)}/models")
-    return Target(server, api_base(url), names[0])
+    return Target(server, api_base(url), names[0], pid)
 
 
 def warm_up(target: Target) -> None:
@@ -495,6 +506,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--input-len", type=int, default=128, help="--prompts random: tokens each")
     ap.add_argument("--tokenizer", default=None, help="default: the app's target model's")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu", action="store_true",
+                    help="print the CPU each process of an app started here used during its "
+                         "rounds (from /proc; the client's too)")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -564,22 +578,71 @@ def print_header(run: dict) -> None:
 
 
 def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Load],
-            args: argparse.Namespace, offline: dict[int, Summary]) -> tuple[list, list]:
-    """Every level in turn; within one, the servers take turns round by round."""
+            args: argparse.Namespace, offline: dict[int, Summary]) -> tuple[list, list, list]:
+    """Every level in turn; within one, the servers take turns round by round. With `--cpu`, the
+    CPU each process of an app started here used during its rounds (and this program's own, the
+    client's) is printed under the level and returned, level by level."""
     summaries: list[Summary] = []
     records: list[RequestRecord] = []
+    cpu_use: list[dict] = []
     for load in loads:
         rounds: dict[str, list[Round]] = {t.server: [] for t in targets}
+        use = {t.server: CpuUse() for t in targets if args.cpu and t.pid is not None}
         for round_no in range(args.rounds):
             for target in targets:
+                watch = use.get(target.server)
+                before = watch.start(target.pid) if watch is not None else None
                 done = asyncio.run(drive(target, texts, load, args.max_tokens, round_no))
+                if watch is not None:
+                    watch.stop(target.pid, before)
                 rounds[target.server].append(done)
                 records += done.records
         level = [summarise(t.server, load, rounds[t.server]) for t in targets]
         level += [offline[load.concurrency]] if load.concurrency in offline else []
         print_level(level, load, args.max_tokens)
+        for server, watch in use.items():
+            print_cpu(server, watch.cores())
+            cpu_use.append({"server": server, "concurrency": load.concurrency,
+                            "cores": watch.cores()})
         summaries += level
-    return summaries, records
+    return summaries, records, cpu_use
+
+
+class CpuUse:
+    """CPU seconds per process name over an app's rounds, and the wall time they took."""
+
+    CLIENT = "client (this program)"
+
+    def __init__(self) -> None:
+        self.cpu_s: dict[str, float] = {}
+        self.wall_s = 0.0
+
+    def start(self, pid: int) -> tuple[dict, float, float]:
+        return cpu.snapshot(pid), cpu.own_cpu_s(), time.perf_counter()
+
+    def stop(self, pid: int, before: tuple[dict, float, float]) -> None:
+        processes, client_s, begin = before
+        wall_s = time.perf_counter() - begin
+        used = cpu.cores_by_process(processes, cpu.snapshot(pid), wall_s)
+        used[self.CLIENT] = (cpu.own_cpu_s() - client_s) / wall_s
+        for name, cores in used.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cores * wall_s
+        self.wall_s += wall_s
+
+    def cores(self) -> dict[str, float]:
+        wall = max(self.wall_s, 1e-9)
+        return dict(sorted(((n, s / wall) for n, s in self.cpu_s.items()), key=lambda i: -i[1]))
+
+
+def print_cpu(server: str, cores: dict[str, float], shown: int = 8) -> None:
+    """One line: the processes that used the most, in cores, and all of them together."""
+    parts = [f"{name} {used:.2f}" for name, used in list(cores.items())[:shown]]
+    rest = sum(list(cores.values())[shown:])
+    if rest > 0:
+        parts.append(f"others {rest:.2f}")
+    print(f"CPU during {server}'s rounds, cores of {os.cpu_count()}: {', '.join(parts)}; "
+          f"all {sum(cores.values()):.2f}")
+
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -591,19 +654,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
     texts = load_texts(args, app_args)
     offline = offline_summaries(app_args, texts, loads, args.max_tokens) if args.offline else {}
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(ServedApp(app_args))
-        targets = [make_target(OURS, url, args.model_name)]
-        peer_url = args.peer_url
+        ours = None if args.url else ServedApp(app_args)
+        url = args.url or stack.enter_context(ours)
+        targets = [make_target(OURS, url, args.model_name, ours and ours.pid)]
+        peer_url, peer = args.peer_url, None
         if peer_url is None and (run["peer_app_args"] or run["peer_env"]):
             peer_args = {**app_args, **parse_app_args(args.peer_app_arg)}
-            peer_url = stack.enter_context(ServedApp(peer_args, run["peer_env"]))
+            peer = ServedApp(peer_args, run["peer_env"])
+            peer_url = stack.enter_context(peer)
         if peer_url:
-            targets.append(make_target(PEER, peer_url, args.peer_model))
+            targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid))
         for target in targets:
             warm_up(target)
-        summaries, records = measure(targets, texts, loads, args, offline)
+        summaries, records, cpu_use = measure(targets, texts, loads, args, offline)
     out = {"settings": run, "summaries": [asdict(s) for s in summaries],
            "requests": [asdict(r) for r in records]}
+    if args.cpu:
+        out["cpu"] = cpu_use
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return out

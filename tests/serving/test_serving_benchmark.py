@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 
@@ -16,10 +17,12 @@ import uvicorn
 from benchmarks.serving import (
     OFFLINE,
     OURS,
+    CpuUse,
     Load,
     drive,
     main,
     make_target,
+    measure,
     parse_app_args,
     parse_args,
     random_texts,
@@ -117,3 +120,16 @@ def test_a_peer_app_takes_checked_arguments_and_environment():
         settings(parse_args(["--peer-env", "RAY_X"]), {})
     with pytest.raises(ValueError, match="stream_interval_ms"):
         parse_app_args(["stream_interval_ms=-1"])
+
+
+def test_cpu_of_the_app_during_its_rounds(server_url, capsys):
+    # the in-process server runs in this process, so the "app" is this process's tree
+    target = make_target(OURS, server_url, None, pid=os.getpid())
+    args = parse_args(["--cpu", "--num-requests", "3", "--max-tokens", str(MAX_TOKENS),
+                       "--rounds", "2"])
+    summaries, records, use = measure([target], TEXTS, [Load(2)], args, {})
+    assert len(records) == 6 and summaries[0].num_completed == 6
+    assert [(u["server"], u["concurrency"]) for u in use] == [(OURS, 2)]
+    cores = use[0]["cores"]
+    assert CpuUse.CLIENT in cores and sum(cores.values()) > 0
+    assert f"CPU during {OURS}'s rounds, cores of {os.cpu_count()}" in capsys.readouterr().out

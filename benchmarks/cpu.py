@@ -1,0 +1,110 @@
+"""Where a served run's CPU went: each process of an app's process tree, in cores, from /proc.
+
+On a host whose every core runs the engine, whatever the processes around it (Serve's proxy, the
+ingress, the controller, Ray's own daemons, the client) use is taken from the engine's threads,
+and the served figure falls below the offline one by about twice that share. `snapshot` before
+and after a round and `cores_by_process` between them say which process took how much. Linux
+only (it reads /proc); elsewhere the snapshots are empty.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessTime:
+    name: str
+    cpu_s: float  # user + system time so far
+
+
+def snapshot(root: int) -> dict[int, ProcessTime]:
+    """CPU time so far of `root` and every process descended from it."""
+    parents = _parents()
+    wanted = {root}
+    for pid in parents:
+        wanted |= _chain_to(pid, parents, wanted)
+    return {pid: time for pid in wanted if (time := _process_time(pid)) is not None}
+
+
+def cores_by_process(
+    before: dict[int, ProcessTime], after: dict[int, ProcessTime], wall_s: float
+) -> dict[str, float]:
+    """Cores each process name used between two snapshots `wall_s` apart (processes of one name
+    summed; one started in between counts from zero), largest first."""
+    if wall_s <= 0:
+        raise ValueError(f"wall_s must be > 0, got {wall_s}")
+    used: dict[str, float] = defaultdict(float)
+    for pid, now in after.items():
+        then = before.get(pid)
+        used[now.name] += now.cpu_s - (then.cpu_s if then is not None else 0.0)
+    return dict(sorted(((n, s / wall_s) for n, s in used.items() if s > 0),
+                       key=lambda item: -item[1]))
+
+
+def own_cpu_s() -> float:
+    """This process's CPU time so far (the client's share of a round)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def _chain_to(pid: int, parents: dict[int, int], known: set[int]) -> set[int]:
+    """`pid` and its ancestors below the first one in `known`; nothing if none is."""
+    chain = []
+    while pid not in known and pid in parents:
+        chain.append(pid)
+        pid = parents[pid]
+    return set(chain) if pid in known else set()
+
+
+def _parents() -> dict[int, int]:
+    out = {}
+    for entry in PROC.glob("[0-9]*"):
+        fields = _stat_fields(int(entry.name))
+        if fields is not None:
+            out[int(entry.name)] = int(fields[1])
+    return out
+
+
+def _process_time(pid: int) -> ProcessTime | None:
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    return ProcessTime(_name(pid), (int(fields[11]) + int(fields[12])) / TICKS_PER_S)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat past the command name (which may hold spaces): state, ppid, ..."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text[text.rfind(")") + 2:].split()
+
+
+def _name(pid: int) -> str:
+    """Ray's worker title (`ray::ServeReplica:app:Deployment`), else the program's name and, for
+    Python, its script or module."""
+    try:
+        argv = (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return str(pid)
+    argv = [a for a in argv if a]
+    if not argv:
+        return str(pid)
+    if argv[0].startswith("ray::"):
+        return argv[0].split()[0]
+    program = Path(argv[0]).name
+    if program.startswith("python"):
+        rest = argv[1:]
+        if rest[:1] == ["-m"] and len(rest) > 1:
+            return f"{program} -m {rest[1]}"
+        scripts = [a for a in rest if not a.startswith("-")]
+        return f"{program} {Path(scripts[0]).name}" if scripts else program
+    return program
