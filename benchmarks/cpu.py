@@ -89,8 +89,8 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _name(pid: int) -> str:
-    """Ray's worker title (`ray::ServeReplica:app:Deployment`), else the program's name and, for
-    Python, its script or module."""
+    """Ray's worker title (`ray::ServeReplica:app:Deployment`, `ray::ServeController`), else the
+    program's name and, for Python, its script or module."""
     try:
         argv = (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
@@ -98,8 +98,8 @@ def _name(pid: int) -> str:
     argv = [a for a in argv if a]
     if not argv:
         return str(pid)
-    if argv[0].startswith("ray::"):
-        return argv[0].split()[0]
+    if argv[0].startswith("ray::"):  # less the method it runs now, which changes
+        return argv[0].split()[0].split(".")[0]
     program = Path(argv[0]).name
     if program.startswith("python"):
         rest = argv[1:]
