@@ -10,6 +10,7 @@ only (it reads /proc); elsewhere the snapshots are empty.
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ def snapshot(root: int) -> dict[int, ProcessTime]:
     wanted = {root}
     for pid in parents:
         wanted |= _chain_to(pid, parents, wanted)
-    return {pid: time for pid in wanted if (time := _process_time(pid)) is not None}
+    return {pid: taken for pid in wanted if (taken := _process_time(pid)) is not None}
 
 
 def cores_by_process(
@@ -52,6 +53,34 @@ def own_cpu_s() -> float:
     """This process's CPU time so far (the client's share of a round)."""
     times = os.times()
     return times.user + times.system
+
+
+class CpuUse:
+    """CPU seconds per process name over the rounds run against one app, with the client's (this
+    process's) under CLIENT, and the wall time they took: `before = use.start(pid)`, the round,
+    `use.stop(pid, before)`; `cores()` over them all."""
+
+    CLIENT = "client (this program)"
+
+    def __init__(self) -> None:
+        self.cpu_s: dict[str, float] = {}
+        self.wall_s = 0.0
+
+    def start(self, pid: int) -> tuple[dict, float, float]:
+        return snapshot(pid), own_cpu_s(), time.perf_counter()
+
+    def stop(self, pid: int, before: tuple[dict, float, float]) -> None:
+        processes, client_s, begin = before
+        wall_s = time.perf_counter() - begin
+        used = cores_by_process(processes, snapshot(pid), wall_s)
+        used[self.CLIENT] = (own_cpu_s() - client_s) / wall_s
+        for name, cores in used.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cores * wall_s
+        self.wall_s += wall_s
+
+    def cores(self) -> dict[str, float]:
+        wall = max(self.wall_s, 1e-9)
+        return dict(sorted(((n, s / wall) for n, s in self.cpu_s.items()), key=lambda i: -i[1]))
 
 
 def _chain_to(pid: int, parents: dict[int, int], known: set[int]) -> set[int]:

@@ -587,7 +587,7 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
     cpu_use: list[dict] = []
     for load in loads:
         rounds: dict[str, list[Round]] = {t.server: [] for t in targets}
-        use = {t.server: CpuUse() for t in targets if args.cpu and t.pid is not None}
+        use = {t.server: cpu.CpuUse() for t in targets if args.cpu and t.pid is not None}
         for round_no in range(args.rounds):
             for target in targets:
                 watch = use.get(target.server)
@@ -606,32 +606,6 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
                             "cores": watch.cores()})
         summaries += level
     return summaries, records, cpu_use
-
-
-class CpuUse:
-    """CPU seconds per process name over an app's rounds, and the wall time they took."""
-
-    CLIENT = "client (this program)"
-
-    def __init__(self) -> None:
-        self.cpu_s: dict[str, float] = {}
-        self.wall_s = 0.0
-
-    def start(self, pid: int) -> tuple[dict, float, float]:
-        return cpu.snapshot(pid), cpu.own_cpu_s(), time.perf_counter()
-
-    def stop(self, pid: int, before: tuple[dict, float, float]) -> None:
-        processes, client_s, begin = before
-        wall_s = time.perf_counter() - begin
-        used = cpu.cores_by_process(processes, cpu.snapshot(pid), wall_s)
-        used[self.CLIENT] = (cpu.own_cpu_s() - client_s) / wall_s
-        for name, cores in used.items():
-            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cores * wall_s
-        self.wall_s += wall_s
-
-    def cores(self) -> dict[str, float]:
-        wall = max(self.wall_s, 1e-9)
-        return dict(sorted(((n, s / wall) for n, s in self.cpu_s.items()), key=lambda i: -i[1]))
 
 
 def print_cpu(server: str, cores: dict[str, float], shown: int = 8) -> None:

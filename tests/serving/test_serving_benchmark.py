@@ -14,10 +14,10 @@ import time
 import pytest
 import uvicorn
 
+from benchmarks import cpu
 from benchmarks.serving import (
     OFFLINE,
     OURS,
-    CpuUse,
     Load,
     drive,
     main,
@@ -131,5 +131,5 @@ def test_cpu_of_the_app_during_its_rounds(server_url, capsys):
     assert len(records) == 6 and summaries[0].num_completed == 6
     assert [(u["server"], u["concurrency"]) for u in use] == [(OURS, 2)]
     cores = use[0]["cores"]
-    assert CpuUse.CLIENT in cores and sum(cores.values()) > 0
+    assert cpu.CpuUse.CLIENT in cores and sum(cores.values()) > 0
     assert f"CPU during {OURS}'s rounds, cores of {os.cpu_count()}" in capsys.readouterr().out
