@@ -27,26 +27,33 @@ class ProcessTime:
 
 def snapshot(root: int) -> dict[int, ProcessTime]:
     """CPU time so far of `root` and every process descended from it."""
-    parents = _parents()
+    stats = _stats()
+    parents = {pid: int(fields[1]) for pid, fields in stats.items()}
     wanted = {root}
     for pid in parents:
         wanted |= _chain_to(pid, parents, wanted)
-    return {pid: taken for pid in wanted if (taken := _process_time(pid)) is not None}
+    return {pid: ProcessTime(_name(pid), _cpu_s(stats[pid])) for pid in wanted if pid in stats}
+
+
+def seconds_by_process(
+    before: dict[int, ProcessTime], after: dict[int, ProcessTime]
+) -> dict[str, float]:
+    """CPU seconds each process name used between two snapshots (processes of one name summed;
+    one started in between counts from zero)."""
+    used: dict[str, float] = defaultdict(float)
+    for pid, now in after.items():
+        then = before.get(pid)
+        used[now.name] += now.cpu_s - (then.cpu_s if then is not None else 0.0)
+    return dict(used)
 
 
 def cores_by_process(
     before: dict[int, ProcessTime], after: dict[int, ProcessTime], wall_s: float
 ) -> dict[str, float]:
-    """Cores each process name used between two snapshots `wall_s` apart (processes of one name
-    summed; one started in between counts from zero), largest first."""
+    """Cores each process name used between two snapshots `wall_s` apart, largest first."""
     if wall_s <= 0:
         raise ValueError(f"wall_s must be > 0, got {wall_s}")
-    used: dict[str, float] = defaultdict(float)
-    for pid, now in after.items():
-        then = before.get(pid)
-        used[now.name] += now.cpu_s - (then.cpu_s if then is not None else 0.0)
-    return dict(sorted(((n, s / wall_s) for n, s in used.items() if s > 0),
-                       key=lambda item: -item[1]))
+    return _in_cores(seconds_by_process(before, after), wall_s)
 
 
 def own_cpu_s() -> float:
@@ -71,16 +78,20 @@ class CpuUse:
 
     def stop(self, pid: int, before: tuple[dict, float, float]) -> None:
         processes, client_s, begin = before
-        wall_s = time.perf_counter() - begin
-        used = cores_by_process(processes, snapshot(pid), wall_s)
-        used[self.CLIENT] = (own_cpu_s() - client_s) / wall_s
-        for name, cores in used.items():
-            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + cores * wall_s
-        self.wall_s += wall_s
+        used = seconds_by_process(processes, snapshot(pid))
+        used[self.CLIENT] = own_cpu_s() - client_s
+        for name, seconds in used.items():
+            self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
+        self.wall_s += time.perf_counter() - begin
 
     def cores(self) -> dict[str, float]:
-        wall = max(self.wall_s, 1e-9)
-        return dict(sorted(((n, s / wall) for n, s in self.cpu_s.items()), key=lambda i: -i[1]))
+        return _in_cores(self.cpu_s, max(self.wall_s, 1e-9))
+
+
+def _in_cores(seconds: dict[str, float], wall_s: float) -> dict[str, float]:
+    """Seconds per name as cores over `wall_s`, largest first, names that used none left out."""
+    return dict(sorted(((n, s / wall_s) for n, s in seconds.items() if s > 0),
+                       key=lambda item: -item[1]))
 
 
 def _chain_to(pid: int, parents: dict[int, int], known: set[int]) -> set[int]:
@@ -92,20 +103,18 @@ def _chain_to(pid: int, parents: dict[int, int], known: set[int]) -> set[int]:
     return set(chain) if pid in known else set()
 
 
-def _parents() -> dict[int, int]:
+def _stats() -> dict[int, list[str]]:
+    """Every live process's /proc/PID/stat fields, read once."""
     out = {}
     for entry in PROC.glob("[0-9]*"):
         fields = _stat_fields(int(entry.name))
         if fields is not None:
-            out[int(entry.name)] = int(fields[1])
+            out[int(entry.name)] = fields
     return out
 
 
-def _process_time(pid: int) -> ProcessTime | None:
-    fields = _stat_fields(pid)
-    if fields is None:
-        return None
-    return ProcessTime(_name(pid), (int(fields[11]) + int(fields[12])) / TICKS_PER_S)
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / TICKS_PER_S  # utime + stime
 
 
 def _stat_fields(pid: int) -> list[str] | None:

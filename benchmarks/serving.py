@@ -601,9 +601,9 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
         level += [offline[load.concurrency]] if load.concurrency in offline else []
         print_level(level, load, args.max_tokens)
         for server, watch in use.items():
-            print_cpu(server, watch.cores())
-            cpu_use.append({"server": server, "concurrency": load.concurrency,
-                            "cores": watch.cores()})
+            cores = watch.cores()
+            print_cpu(server, cores)
+            cpu_use.append({"server": server, "concurrency": load.concurrency, "cores": cores})
         summaries += level
     return summaries, records, cpu_use
 
