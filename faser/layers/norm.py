@@ -7,13 +7,26 @@ from torch import nn
 
 from faser_kernels import cpu_ops
 
+FEATURE_EPS = 1e-6  # a feature draft's RMS scaling of the target's residual streams
 
-def rms_scale(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # [..., dim] -> [..., dim]
+
+def rms_scale(x: torch.Tensor, eps: float = FEATURE_EPS) -> torch.Tensor:  # [..., d] -> [..., d]
     """x over its root mean square, computed in fp32: RMSNorm before its weight. A feature draft
     reads the target's residual streams this way (their scale grows with depth)."""
     dtype = x.dtype
     x = x.float()
     return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
+def add_rms_scale(
+    x: torch.Tensor,  # [num_tokens, dim], the model's dtype
+    residual: torch.Tensor,  # [num_tokens, dim] float32
+) -> torch.Tensor:  # [num_tokens, dim], x's dtype
+    """rms_scale(x + residual) in x's dtype, with the kernel the fused layers take their feature
+    rows with (faser_kernels.cpu_decoder), so both paths give a feature draft the same bits."""
+    unit = torch.ones(x.shape[-1], dtype=x.dtype, device=x.device)
+    add_norm = cpu_ops.add_rms_norm if cpu_ops.runs_on(x) else cpu_ops.add_rms_norm_torch
+    return add_norm(x, residual, unit, FEATURE_EPS)[0]
 
 
 class RMSNorm(nn.Module):

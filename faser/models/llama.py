@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from faser.layers.attention import AttentionMetadata, PagedAttention
-from faser.layers.norm import RMSNorm, rms_scale
+from faser.layers.norm import FEATURE_EPS, RMSNorm, add_rms_scale
 from faser.layers.rotary import Rope, RotaryEmbedding, apply_rotary
 from faser_kernels import cpu_decoder, cpu_ops
 from faser_kernels.backend import attention_backend
@@ -164,7 +164,7 @@ class LlamaForCausalLM(nn.Module):
         shapes = cpu_decoder.LayerShapes(cfg.hidden_size, attn.num_heads, attn.num_kv_heads,
                                          attn.head_dim, self.layers[0].mlp.intermediate_size,
                                          self.layers[0].input_layernorm.eps)
-        self.fused_layers = cpu_decoder.DecoderLayers(shapes, weights,
+        self.fused_layers = cpu_decoder.DecoderLayers(shapes, weights, self.norm.weight,
                                                       self.embed_tokens.weight.dtype)
         return None
 
@@ -184,7 +184,7 @@ class LlamaForCausalLM(nn.Module):
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             hidden, residual = layer(rope, hidden, residual, kv_cache, meta)
             if i + 1 in feature_layers and i + 1 < len(self.layers):
-                taken[i + 1] = rms_scale(hidden + residual).to(hidden.dtype)
+                taken[i + 1] = add_rms_scale(hidden, residual)
         out, _ = self.norm.add_norm(hidden, residual, torch.float32)
         if not feature_layers:
             return out, None
@@ -195,24 +195,17 @@ class LlamaForCausalLM(nn.Module):
         self, hidden: torch.Tensor, rope: Rope, kv_caches: KVCaches, meta: AttentionMetadata,
         feature_layers: tuple[int, ...],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """run_layers in C calls: one per run of layers between the feature layers asked for."""
-        fused, num_layers = self.fused_layers, len(self.layers)
-        x = hidden.clone(memory_format=torch.contiguous_format)  # written in place
-        residual = torch.empty(x.shape, dtype=torch.float32)
-        tables = [t.to(torch.int32).contiguous()
-                  for t in (meta.block_tables, meta.seq_lens, meta.cu_seqlens_q)]
-        taken: dict[int, torch.Tensor] = {}
-        first = 0
-        for stop in sorted({i for i in feature_layers if 0 < i < num_layers} | {num_layers}):
-            fused.run(x, residual, first > 0, first, stop, rope.positions.contiguous(),
-                      meta.slot_mapping.contiguous(), *tables, rope.cos, rope.sin, kv_caches)
-            first = stop
-            if stop < num_layers:
-                taken[stop] = rms_scale(x + residual).to(x.dtype)
-        out, _ = self.norm.add_norm(x, residual, torch.float32)
+        """run_layers in one C call, which also takes the inner feature layers' rows."""
+        num_layers = len(self.layers)
+        taps = sorted({i for i in feature_layers if 0 < i < num_layers})
+        out, rows = self.fused_layers.run(
+            hidden.clone(memory_format=torch.contiguous_format), rope.positions.contiguous(),
+            meta.slot_mapping.contiguous(), meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
+            rope.cos, rope.sin, kv_caches, taps, FEATURE_EPS,
+        )
         if not feature_layers:
             return out, None
-        taken[num_layers] = out.to(x.dtype)
+        taken = {**dict(zip(taps, rows, strict=True)), num_layers: out.to(hidden.dtype)}
         return out, torch.cat([taken[i] for i in feature_layers], dim=-1)
 
     def keep_float32_head(self, weight: torch.Tensor) -> None:  # [out vocab, hidden] float32

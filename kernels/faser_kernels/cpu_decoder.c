@@ -5,7 +5,9 @@
  *
  * Per layer: h = x + residual; normed = RMSNorm(h); qkv = normed Wqkv; rotary on q and k in
  * place; k, v stored in their paged slots; attention; x = attn Wo; h += x; normed = RMSNorm(h);
- * x = (silu(gate) * up)(normed Wgate_up) Wdown. The caller holds every buffer. */
+ * x = (silu(gate) * up)(normed Wgate_up) Wdown. After the layers named as taps, the stream's
+ * state RMS-scaled (RMSNorm with a unit weight) into a feature buffer each, for a feature draft;
+ * after the last, the final norm. The caller holds every buffer. */
 #include "cpu_attention.c"
 #include "cpu_linear.c"
 #include "cpu_ops.c"
@@ -30,6 +32,17 @@ typedef struct {
     void *x, *normed, *qkv_out, *q, *attn, *gate_up_out, *act;
     float *residual;
     int has_residual;
+    /* taps [num_taps], ascending: after layer taps[i] - 1, RMSNorm(h) with the unit weight and
+     * tap_eps into tap_out[i] [n, hidden] (the model's dtype) */
+    const long *taps;
+    long num_taps;
+    void *const *tap_out;
+    const void *unit;
+    float tap_eps;
+    /* after the last layer, RMSNorm(h) * final_norm into final_out [n, hidden] float32 */
+    const void *final_norm;
+    float *final_out;
+    float *summed; /* scratch [n, hidden] float32: h, which the stream does not keep */
 } Layers;
 
 static void linear(const Layers *a, const void *x, const void *w, const void *bias, void *out,
@@ -84,11 +97,18 @@ static int layer(Layers *a, long l) {
     return 0;
 }
 
-/* Layers [first, last); 0, or the attention kernel's error code. */
-int faser_decoder_layers(Layers *a, long first, long last) {
-    for (long l = first; l < last; l++) {
+/* Layers [0, num_layers) with their taps and the final norm; 0, or the attention kernel's error
+ * code. */
+int faser_decoder_layers(Layers *a, long num_layers) {
+    long n = a->num_tokens, d = a->hidden, t = 0;
+    for (long l = 0; l < num_layers; l++) {
         int code = layer(a, l);
         if (code) return code;
+        for (; t < a->num_taps && a->taps[t] == l + 1; t++)
+            faser_add_rms_norm(a->x, a->residual, a->unit, a->tap_out[t], a->summed, n, d,
+                               a->tap_eps, a->bf16, a->bf16);
     }
+    faser_add_rms_norm(a->x, a->residual, a->final_norm, a->final_out, a->summed, n, d, a->eps,
+                       a->bf16, 0);
     return 0;
 }

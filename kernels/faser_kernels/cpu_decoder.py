@@ -1,11 +1,15 @@
-"""A run of Llama decoder layers in one C call on AVX-512 CPUs (`cpu_decoder.c`): the same kernels
-as the layer-by-layer path, in the same order, so the same bits; its twin is that path itself
-(faser.models.llama, run layer by layer), which the tests compare it with."""
+"""A model's Llama decoder layers and final norm in one C call on AVX-512 CPUs (`cpu_decoder.c`):
+the same kernels as the layer-by-layer path, in the same order, so the same bits; its twin is that
+path itself (faser.models.llama, run layer by layer), which the tests compare it with. The call
+also takes the feature rows a feature draft reads (the residual stream after given layers,
+RMS-scaled), since each torch operation between C calls runs with the weights' stream having
+flushed the caches."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +33,8 @@ class _Layers(ctypes.Structure):
         *((name, _P) for name in ("x", "normed", "qkv_out", "q", "attn", "gate_up_out", "act",
                                   "residual")),
         ("has_residual", ctypes.c_int),
+        ("taps", _P), ("num_taps", _L), ("tap_out", _PP), ("unit", _P), ("tap_eps", ctypes.c_float),
+        ("final_norm", _P), ("final_out", _P), ("summed", _P),
     ]
 
 
@@ -43,17 +49,21 @@ class LayerShapes:
 
 
 class DecoderLayers:
-    """A model's layers as the C call sees them: per-layer pointers to the packed weights and the
-    norms, gathered once (the tensors must outlive this object), and to the KV caches of the
-    runner that calls (one model may serve several runners, each with its own caches)."""
+    """A model's layers and final norm as the C call sees them: per-layer pointers to the packed
+    weights and the norms, gathered once (the tensors must outlive this object), and to the KV
+    caches of the runner that calls (one model may serve several runners, each with its own)."""
 
     def __init__(
         self,
         shapes: LayerShapes,
         weights: dict[str, list[torch.Tensor | None]],  # input_norm, qkv, qkv_bias, o, ...
+        final_norm: torch.Tensor,  # [hidden], the model's dtype
         dtype: torch.dtype,
     ) -> None:
         self.shapes, self.dtype = shapes, dtype
+        self.num_layers = len(weights["input_norm"])
+        self._final_norm = final_norm
+        self._unit = torch.ones(shapes.hidden, dtype=dtype)  # the taps' norm weight
         pointers = {name: _pointers(ts) for name, ts in weights.items()}
         self._arrays = {name: pointer for name, (pointer, _) in pointers.items()}
         self._keep = (pointers, weights)  # the struct points into them
@@ -67,11 +77,7 @@ class DecoderLayers:
 
     def run(
         self,
-        x: torch.Tensor,  # [n, hidden], the model's dtype: in, the last layer's output; out
-        residual: torch.Tensor,  # [n, hidden] float32: in (unless first), out
-        has_residual: bool,
-        first: int,
-        last: int,
+        x: torch.Tensor,  # [n, hidden], the model's dtype: the input embeddings; overwritten
         positions: torch.Tensor,  # [n] int64
         slot_mapping: torch.Tensor,  # [n] int64
         block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
@@ -80,7 +86,12 @@ class DecoderLayers:
         cos: torch.Tensor,  # [max_position, head_dim / 2] float32
         sin: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, [blocks, block, kv, d]
-    ) -> None:
+        taps: Sequence[int] = (),  # ascending, in [1, num_layers)
+        tap_eps: float = 1e-6,
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Every layer, then the final norm: its output [n, hidden] float32, and per tap t the
+        residual stream after t layers, RMS-scaled with `tap_eps` ([n, hidden], the model's
+        dtype): the features a feature draft reads, taken inside the one call."""
         s, n = self.shapes, x.shape[0]
         caches = self._cache_pointers(kv_caches)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
@@ -89,6 +100,10 @@ class DecoderLayers:
             for width in (s.hidden, q_size + 2 * kv_size, q_size, q_size, 2 * s.intermediate,
                           s.intermediate)
         ]
+        floats = torch.empty(3, n, s.hidden)  # the residual stream, h's scratch, the output
+        tapped = [torch.empty(n, s.hidden, dtype=self.dtype) for _ in taps]
+        tap_out, _keep = _pointers(tapped)
+        tap_layers = (ctypes.c_long * len(taps))(*taps)
         args = _Layers(
             **self._arrays, k_cache=caches["k_cache"], v_cache=caches["v_cache"],
             positions=positions.data_ptr(), slot_mapping=slot_mapping.data_ptr(),
@@ -102,11 +117,15 @@ class DecoderLayers:
             normed=scratch[0].data_ptr(), qkv_out=scratch[1].data_ptr(),
             q=scratch[2].data_ptr(), attn=scratch[3].data_ptr(),
             gate_up_out=scratch[4].data_ptr(), act=scratch[5].data_ptr(),
-            residual=residual.data_ptr(), has_residual=int(has_residual),
+            residual=floats[0].data_ptr(), has_residual=0,
+            taps=ctypes.addressof(tap_layers), num_taps=len(taps), tap_out=tap_out,
+            unit=self._unit.data_ptr(), tap_eps=tap_eps, final_norm=self._final_norm.data_ptr(),
+            final_out=floats[2].data_ptr(), summed=floats[1].data_ptr(),
         )
-        code = _library().faser_decoder_layers(ctypes.byref(args), first, last)
+        code = _library().faser_decoder_layers(ctypes.byref(args), self.num_layers)
         if code != 0:
             raise RuntimeError(f"cpu decoder layers failed ({code})")
+        return floats[2], tapped
 
 
 def _pointers(tensors: list[torch.Tensor | None]):
@@ -122,6 +141,6 @@ def unavailable_reason(dtype: torch.dtype) -> str | None:
 @functools.cache
 def _library() -> ctypes.CDLL:
     lib = cpu_build.library("cpu_decoder.c")
-    lib.faser_decoder_layers.argtypes = [ctypes.POINTER(_Layers), ctypes.c_long, ctypes.c_long]
+    lib.faser_decoder_layers.argtypes = [ctypes.POINTER(_Layers), ctypes.c_long]
     lib.faser_decoder_layers.restype = ctypes.c_int
     return lib

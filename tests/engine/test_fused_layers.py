@@ -65,3 +65,24 @@ def test_a_forward_without_features_gives_the_same_logits(feature_pair, dtype): 
         hidden = runner.model.config.hidden_size
         assert rows.shape[-1] == hidden * (len(runner.feature_layers) if features else 1)
     assert all(torch.equal(a, b) for a, b in zip(logits[True], logits[False], strict=True))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_one_call_takes_the_layer_by_layer_features(feature_pair, dtype):  # noqa: F811
+    """The feature rows taken inside the one C call, and its final norm, have the bits of the
+    layer-by-layer path's, prefill and decode."""
+    if (reason := unavailable_reason(getattr(torch, dtype))) is not None:
+        pytest.skip(reason)
+    target, draft = feature_pair
+    llm = LLM(str(target), draft_model=str(draft), num_kv_blocks=64, block_size=4, dtype=dtype)
+    engine, runner, model = llm.engine, llm.engine.target, llm.engine.pair.target
+    assert any(0 < i < len(model.layers) for i in runner.feature_layers)  # a tap inside the call
+    fused, outputs = model.fused_layers, {}
+    for one_call in (True, False):
+        model.fused_layers = fused if one_call else None
+        table: list[int] = []
+        engine.blocks.allocate(f"r{one_call}", table, 48)
+        prefill = runner.forward_hidden([Chunk(list(range(1, 41)), 0, table, 3)])
+        decode = runner.forward_hidden([Chunk([5, 6, 7], 40, table, 3)])
+        outputs[one_call] = (*prefill, *decode)
+    assert all(torch.equal(a, b) for a, b in zip(outputs[True], outputs[False], strict=True))
