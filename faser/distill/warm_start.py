@@ -5,6 +5,7 @@ from the target's layers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -12,6 +13,9 @@ from safetensors.torch import load_file
 
 from faser.distill.model import PROVENANCE_FILE
 from faser.models.loader import DRAFT_TOKEN_MAP, load_token_map
+
+LAYER_NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight")  # what a layer adds to the stream
 
 
 def read_token_map(draft_dir: Path) -> torch.Tensor:  # [V'] int64 target ids
@@ -27,13 +31,17 @@ def read_provenance(draft_dir: Path) -> dict | None:
 
 
 def load_weights(draft: torch.nn.Module, draft_dir: Path) -> None:
-    """Copies the written weights into `draft` (built as faser.distill.run builds it); every
-    trainable tensor must be there with its shape, or the drafts differ and this says where."""
+    """Copies the written weights into `draft` (built as faser.distill.run builds it). A draft
+    built with more layers than the written one keeps its extra layers with their output
+    projections zeroed: each starts as the identity on the residual stream, so the deeper draft
+    starts as the written one and training grows it. Every other trainable tensor must be there
+    with its shape, or the drafts differ and this says where."""
     stored = load_file(str(Path(draft_dir) / "model.safetensors"))
     params = dict(draft.named_parameters())
     names = {_param_name(key, params): key for key in stored}
     wanted = {n for n, p in params.items() if p.requires_grad}
-    missing = sorted(wanted - names.keys())
+    grown = _grown(wanted - names.keys(), _num_layers(names))
+    missing = sorted(wanted - names.keys() - grown)
     wrong = sorted(
         n for n, key in names.items() if n in params and params[n].shape != stored[key].shape
     )
@@ -47,6 +55,28 @@ def load_weights(draft: torch.nn.Module, draft_dir: Path) -> None:
     with torch.no_grad():
         for name, key in names.items():
             params[name].copy_(stored[key].to(params[name].dtype))
+        for name in grown:
+            if name.endswith(OUTPUT_PROJECTIONS):
+                params[name].zero_()
+
+
+def _layer_index(name: str) -> int | None:
+    match = LAYER_NAME.search(name)
+    return None if match is None else int(match.group(1))
+
+
+def _num_layers(names) -> int:
+    return 1 + max((i for i in map(_layer_index, names) if i is not None), default=-1)
+
+
+def _grown(missing: set[str], num_written: int) -> set[str]:
+    """The missing tensors that belong to layers past the written draft's last."""
+    grown = set()
+    for name in missing:
+        i = _layer_index(name)
+        if i is not None and i >= num_written > 0:
+            grown.add(name)
+    return grown
 
 
 def _param_name(key: str, params: dict) -> str:

@@ -73,13 +73,32 @@ def test_warm_start_restores_the_written_draft(tiny_target, tmp_path: Path, feat
     assert read_provenance(tmp_path / "draft") == {"run": 1}
 
 
+def test_a_deeper_draft_starts_as_the_written_one(tiny_target, tmp_path: Path) -> None:
+    """The extra layer of a draft grown from a written one starts as the identity: the same
+    logits, in both training passes; training then moves its output projections."""
+    target, _ = tiny_target
+    token_map = torch.arange(VOCAB)
+    written = _perturbed(build_feature_draft(target, (1, 3), [2], token_map))
+    export_feature_draft(written, token_map, tmp_path / "draft", {}, torch.float32)
+    deeper = build_feature_draft(target, (1, 3), [2, 1], token_map)
+    load_weights(deeper, tmp_path / "draft")
+    ids = torch.randint(0, VOCAB, (2, 7))
+    width = target.config.hidden_size * 2
+    inputs = (ids, torch.ones_like(ids), torch.randn(2, 7, width))
+    torch.testing.assert_close(deeper(*inputs), written(*inputs), rtol=1e-5, atol=1e-5)
+    grown = deeper.layers[1]
+    assert not grown.self_attn.o_proj.weight.any() and not grown.mlp.down_proj.weight.any()
+    deeper(*inputs).logsumexp(-1).mean().backward()
+    assert grown.mlp.down_proj.weight.grad.abs().sum() > 0
+
+
 def test_warm_start_refuses_a_draft_of_another_shape(tiny_target, tmp_path: Path) -> None:
     target, _ = tiny_target
     token_map = torch.arange(VOCAB)
     written = build_feature_draft(target, (1, 3), [2], token_map)
     export_feature_draft(written, token_map, tmp_path / "draft", {}, torch.float32)
-    two_layers = build_feature_draft(target, (1, 3), [1, 2], token_map)
-    with pytest.raises(ValueError, match=r"not a draft of this shape.*missing \['layers.1"):
-        load_weights(two_layers, tmp_path / "draft")
+    other_features = build_feature_draft(target, (1, 2, 3), [2], token_map)
+    with pytest.raises(ValueError, match=r"not a draft of this shape.*wrong shape \['fuse"):
+        load_weights(other_features, tmp_path / "draft")
     with pytest.raises(FileNotFoundError, match="not a draft"):
         read_token_map(tmp_path)
