@@ -4,7 +4,8 @@ target forward and kept until a feature draft (faser.models.feature_draft) has r
 The draft feeds position p with h_{p-1}, so at a proposal it reads up to h_{n-2} of a request with n
 committed tokens: rows the target computed for committed tokens. Rows computed for rejected draft
 tokens are overwritten when the target next runs from that position, before anyone reads them.
-While a request does not speculate for a while (the faser controller is off), no rows are kept."""
+While a request does not speculate for a while (the faser controller is off), its decode steps keep
+no rows; its prompt's rows stay until its draft reads them."""
 
 from __future__ import annotations
 
@@ -35,14 +36,17 @@ class TargetFeatures:
         return self.start + self._num
 
     def write(self, pos: int, rows: torch.Tensor) -> None:
-        """h_pos, h_{pos+1}, ...; whatever was held from pos on is replaced. A forward that
-        starts before what is held (a preempted request's recompute) or past its end starts
-        afresh."""
-        if self._buffer is None or not self.start <= pos <= self.end:
+        """h_pos, h_{pos+1}, ...; whatever was held from pos on is replaced. Positions between
+        what is held and pos (the target ran them in steps that kept no rows) read as zero, and
+        the rows before them stay: a prompt's rows outlive a few steps in which its request did
+        not draft. A forward that starts before what is held (a preempted request's recompute)
+        starts afresh."""
+        if self._buffer is None or pos < self.start:
             self.start, self._first, self._num = pos, 0, 0
         kept = pos - self.start
-        self._reserve(kept + rows.shape[0], kept, rows)
+        self._reserve(kept + rows.shape[0], min(kept, self._num), rows)
         at = self._first + kept
+        self._buffer[self._first + self._num : at] = 0  # the gap, if any
         self._buffer[at : at + rows.shape[0]] = rows.detach()
         self._num = kept + rows.shape[0]
 

@@ -195,24 +195,15 @@ class Speculator:
         return max_k
 
     def _not_drafting(self, decodes, prefills, plans: dict[str, StepPlan]) -> frozenset[str]:
-        """Requests whose policy is off this step (by its plan, or for a policy with no decoding
-        request, by its mode when it last planned): their target features are not kept, so that
-        a step where nobody drafts costs what policy `off`'s does. A request prefilled meanwhile
-        drafts later over its prompt without them (its draft then guesses worse), which is the
-        price of a replica that is busy enough for speculation to be off."""
-        def off(name: str) -> bool:
-            plan = plans.get(name)
-            return plan.mode == "off" if plan is not None else self._mode_of(name) == "off"
-
-        seqs = [*decodes, *(seq for seq, _ in prefills)]
-        return frozenset(s.request_id for s in seqs if off(s.spec_state.policy))
-
-    def _mode_of(self, name: str) -> str:
-        """A policy's mode when it last planned; a policy yet to plan drafts (unless it is off)."""
-        policy = self._policies.get(name)
-        if isinstance(policy, FaserPolicy):
-            return policy.controller.mode
-        return "off" if name == "off" else "prune"
+        """Requests whose target features are not kept: the decoding ones whose policy's plan is
+        off this step, so that a step where nobody drafts costs what policy `off`'s does, and
+        those of policy `off`. A prompt keeps its features whatever the step's plan: a plan is
+        off for a step far more often than its requests stop drafting (a prefill took the token
+        budget, requests queue, the last plan at one request drafted nothing), and a draft that
+        reads a prompt without them guesses worse for the whole request."""
+        off = [s for s in decodes if plans[s.spec_state.policy].mode == "off"]
+        off += [s for s, _ in prefills if s.spec_state.policy == "off"]
+        return frozenset(s.request_id for s in off)
 
     def _reserve(self, seq: SpecRequest, num_slots: int) -> bool:
         return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)

@@ -1,6 +1,6 @@
 """A request's target features: rows by position, overwritten from where the target runs again,
 read with a zero row where nothing is held (before position 0, and positions the target ran while
-the request did not speculate), forgotten once read."""
+the request kept no rows), forgotten once read."""
 
 import torch
 
@@ -25,6 +25,19 @@ def test_write_overwrite_read_forget() -> None:
     assert features.read(1, 3, ZERO)[:, 0].tolist() == [0, 20]  # h_1 was forgotten
     features.write(0, rows(5))  # a preempted request computed again from the start
     assert (features.start, features.end) == (0, 1)
+
+
+def test_a_gap_reads_zeros_and_keeps_the_rows_before_it() -> None:
+    """Steps that kept no rows (the request did not draft) leave a gap: it reads as zeros, and
+    the prompt's rows before it are still there for the draft's catch-up."""
+    features = TargetFeatures()
+    features.write(0, rows(0, 1, 2))  # a prefill
+    features.write(5, rows(50, 60))  # two steps kept nothing; then a verification
+    assert (features.start, features.end) == (0, 7)
+    assert features.read(-1, 7, ZERO)[:, 0].tolist() == [0, 0, 1, 2, 0, 0, 50, 60]
+    features.forget_before(4)
+    features.write(9, rows(90))  # a gap again, after forgetting: room reused, the gap zeroed
+    assert features.read(4, 10, ZERO)[:, 1].tolist() == [0, 50, 60, 0, 0, 90]
 
 
 def test_a_request_with_no_rows_held_reads_zeros() -> None:
