@@ -71,12 +71,8 @@ def _num_layers(names) -> int:
 
 def _grown(missing: set[str], num_written: int) -> set[str]:
     """The missing tensors that belong to layers past the written draft's last."""
-    grown = set()
-    for name in missing:
-        i = _layer_index(name)
-        if i is not None and i >= num_written > 0:
-            grown.add(name)
-    return grown
+    indices = {name: _layer_index(name) for name in missing}
+    return {n for n, i in indices.items() if i is not None and i >= num_written > 0}
 
 
 def _param_name(key: str, params: dict) -> str:

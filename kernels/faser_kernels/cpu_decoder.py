@@ -86,8 +86,8 @@ class DecoderLayers:
         cos: torch.Tensor,  # [max_position, head_dim / 2] float32
         sin: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, [blocks, block, kv, d]
-        taps: Sequence[int] = (),  # ascending, in [1, num_layers)
-        tap_eps: float = 1e-6,
+        taps: Sequence[int],  # ascending, in [1, num_layers)
+        tap_eps: float,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Every layer, then the final norm: its output [n, hidden] float32, and per tap t the
         residual stream after t layers, RMS-scaled with `tap_eps` ([n, hidden], the model's
@@ -100,7 +100,8 @@ class DecoderLayers:
             for width in (s.hidden, q_size + 2 * kv_size, q_size, q_size, 2 * s.intermediate,
                           s.intermediate)
         ]
-        floats = torch.empty(3, n, s.hidden)  # the residual stream, h's scratch, the output
+        residual, summed = torch.empty(2, n, s.hidden)  # the stream, and h's scratch
+        out = torch.empty(n, s.hidden)
         tapped = [torch.empty(n, s.hidden, dtype=self.dtype) for _ in taps]
         tap_out, _keep = _pointers(tapped)
         tap_layers = (ctypes.c_long * len(taps))(*taps)
@@ -117,15 +118,15 @@ class DecoderLayers:
             normed=scratch[0].data_ptr(), qkv_out=scratch[1].data_ptr(),
             q=scratch[2].data_ptr(), attn=scratch[3].data_ptr(),
             gate_up_out=scratch[4].data_ptr(), act=scratch[5].data_ptr(),
-            residual=floats[0].data_ptr(), has_residual=0,
+            residual=residual.data_ptr(), has_residual=0,
             taps=ctypes.addressof(tap_layers), num_taps=len(taps), tap_out=tap_out,
             unit=self._unit.data_ptr(), tap_eps=tap_eps, final_norm=self._final_norm.data_ptr(),
-            final_out=floats[2].data_ptr(), summed=floats[1].data_ptr(),
+            final_out=out.data_ptr(), summed=summed.data_ptr(),
         )
         code = _library().faser_decoder_layers(ctypes.byref(args), self.num_layers)
         if code != 0:
             raise RuntimeError(f"cpu decoder layers failed ({code})")
-        return floats[2], tapped
+        return out, tapped
 
 
 def _pointers(tensors: list[torch.Tensor | None]):
