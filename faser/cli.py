@@ -66,7 +66,8 @@ def _add_distill(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus-width", type=int, default=1024, help="tokens per real-text sequence")
     p.add_argument(
         "--init-from", type=Path,
-        help="resume from this draft (its token map and weights), not from the target's layers",
+        help="resume from this draft (its token map and weights), not from the target's layers; "
+        "with more --layers than it has, the extra layers start as identities",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
