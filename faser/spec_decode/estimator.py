@@ -2,10 +2,11 @@
 
 Before drafting, each of request i's next tokens is accepted with its rate alpha_i: its own
 verified trials, decayed so that the text it writes now counts most, plus the population's rate
-as a prior worth PRIOR_TRIALS trials. Its trials age with every engine step, drafted or not: a
-request whose estimate fell below what pays is not measured again until it drafts, so without
-ageing a run of rejections would switch it off for good. The population's rate is learned the
-same way over every request and starts at the configured prior. After drafting, token t's chance
+as a prior worth PRIOR_TRIALS trials. The population's rate is every request's trials over the
+configured prior worth as many. Both age with every engine step, drafted or not, back to their
+prior: an estimate that fell below what pays is not measured again until its owner drafts, so
+without ageing a run of rejections (one request's, or a warm-up's for the whole population)
+would switch drafting off for good. After drafting, token t's chance
 blends alpha_i with the draft's calibrated confidence in it: how often tokens drafted with that
 confidence were accepted, over all requests (a small draft is unsure of tokens the target still
 takes, so its raw probability is no acceptance rate).
@@ -25,7 +26,7 @@ NUM_BINS = 10  # confidence bins of the calibration
 BIN_PRIOR_TRIALS = 4.0  # pseudo-trials at q itself, so that an unseen bin answers q
 PRIOR_TRIALS = 8.0  # the population's rate, in a request's estimate, counts as this many trials
 DECAY = 0.95  # per engine step, of a request's earlier trials
-POPULATION_DECAY = 0.995  # per verified step of any request, of the population's trials
+POPULATION_DECAY = 0.98  # per engine step, of the population's trials
 CONFIDENCE_WEIGHT = 0.5  # of the calibrated confidence against alpha_i, after drafting
 
 
@@ -33,7 +34,8 @@ class AcceptanceEstimator:
     def __init__(self, prior: float) -> None:
         if not 0.0 < prior < 1.0:
             raise ValueError(f"alpha_prior must lie in (0, 1), got {prior}")
-        self._population = [prior * PRIOR_TRIALS, PRIOR_TRIALS]  # accepted, trials
+        self._configured = prior
+        self._population = [0.0, 0.0]  # every request's accepted, trials
         self._bins_accepted = [0.0] * NUM_BINS
         self._bins_trials = [0.0] * NUM_BINS
         self.num_steps = 0
@@ -41,12 +43,13 @@ class AcceptanceEstimator:
     def tick(self) -> None:
         """One engine step passed: every request's evidence ages by DECAY (read lazily)."""
         self.num_steps += 1
+        self._population = [POPULATION_DECAY * n for n in self._population]
 
     @property
     def prior(self) -> float:
         """The population's rate: a new request's estimate."""
         accepted, trials = self._population
-        return accepted / trials
+        return (accepted + PRIOR_TRIALS * self._configured) / (trials + PRIOR_TRIALS)
 
     def alpha(self, state: SpecState) -> float:
         aged = DECAY ** (self.num_steps - state.observed_at)
@@ -89,8 +92,8 @@ class AcceptanceEstimator:
         state.trials = aged * state.trials + trials
         state.observed_at = self.num_steps
         pop = self._population
-        pop[0] = POPULATION_DECAY * pop[0] + num_accepted
-        pop[1] = POPULATION_DECAY * pop[1] + trials
+        pop[0] += num_accepted
+        pop[1] += trials
         state.alpha = self.alpha(state)
         if not calibrate:
             return

@@ -116,6 +116,20 @@ def test_a_new_requests_prior_moves_with_every_requests_observations():
     assert estimator.alpha(fresh()) == pytest.approx(estimator.prior)
 
 
+def test_a_population_measured_low_ages_back_to_the_configured_prior():
+    """A short warm-up whose drafts were rejected must not keep every later request from
+    drafting: a planner that stops drafting gathers no evidence against it."""
+    estimator = AcceptanceEstimator(0.5)
+    for _ in range(4):
+        estimator.observe(fresh(), [0.5] * 2, 0)
+        estimator.tick()
+    assert estimator.prior < 0.4
+    for _ in range(200):
+        estimator.tick()
+    assert estimator.prior == pytest.approx(0.5, abs=0.01)
+    assert estimator.alpha(fresh()) == pytest.approx(estimator.prior)
+
+
 def test_a_requests_own_trials_outweigh_the_prior():
     estimator = AcceptanceEstimator(0.5)
     state = fresh()
