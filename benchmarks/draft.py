@@ -24,6 +24,7 @@ from benchmarks.common import DEFAULT_PROMPTS, chat_ids
 from faser import LLM, SamplingParams, SpecConfig
 from faser.models.resolver import resolve_model
 from faser.runner.batch import Chunk
+from faser.runner.weights import DRAFT_WEIGHTS
 
 K_VALUES = (2, 4, 6)
 
@@ -51,6 +52,7 @@ def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
         args.target, draft_model=args.draft, spec=spec,
         num_threads=args.threads, max_num_seqs=max(1, len(prompts)),
         max_num_batched_tokens=max(512, len(prompts)), dtype=args.dtype,
+        draft_weights=args.draft_weights,
     )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     return [out.spec_stats for out in llm.generate(prompts, params)]
@@ -61,7 +63,7 @@ def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:
     the same load on a shared machine."""
     llm = LLM(
         args.target, draft_model=args.draft, spec=SpecConfig(policy="fixed:1"),
-        num_threads=args.threads, dtype=args.dtype,
+        num_threads=args.threads, dtype=args.dtype, draft_weights=args.draft_weights,
     )
     engine = llm.engine
     table: list[int] = []
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
+                        help="the draft's weights: int8 (packed bf16 only), or the target's")
     parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                         help="greedy guesses from earlier occurrences of the newest tokens too")
     parser.add_argument("--timing-repeats", type=int, default=30)

@@ -103,6 +103,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
                    help="auto, dense or packed")
+    p.add_argument("--draft-weights", default=EngineConfig().draft_weights,
+                   help="auto, same or int8 (the draft's weights)")
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--step-trace", default=None,
@@ -145,7 +147,8 @@ def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
                       trace_path=args.step_trace)
     config = EngineConfig(
         model=args.model, draft_model=args.draft_model, spec=spec, device=args.device,
-        dtype=args.dtype, weight_format=args.weight_format, num_threads=args.threads,
+        dtype=args.dtype, weight_format=args.weight_format, draft_weights=args.draft_weights,
+        num_threads=args.threads,
         lane_threads=_lane_threads(args.lane_threads), seed=args.seed,
         max_num_seqs=max(64, max_concurrency),
         max_num_batched_tokens=max(512, max_concurrency),
@@ -350,7 +353,7 @@ def describe(args: argparse.Namespace) -> str:
     lines = [
         f"target {args.model or 'default (smollm2-135m-instruct)'}, "
         f"draft {args.draft_model or 'default'}, {args.device} {args.dtype} "
-        f"({args.weight_format} weights), "
+        f"({args.weight_format} weights, draft {args.draft_weights}), "
         f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, greedy, "
         f"seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "

@@ -37,6 +37,9 @@ class AppArgs(BaseModel):
     # how linear weights are laid out (faser/runner/weights.py); "auto": the row-invariant
     # CPU kernel's "packed" panels where it runs, else torch's "dense" linear
     weight_format: Literal["auto", "dense", "packed"] = "auto"
+    # the draft's weights: "int8" halves the bytes a draft step reads (packed bf16 only); the
+    # output never changes, only how often drafts are accepted; "auto": "int8" where it runs
+    draft_weights: Literal["auto", "same", "int8"] = "auto"
     seed: int = 0
     # the deployment's default SLO, for requests that bring none (SLO-aware speculation)
     slo_tpot_ms: float | None = Field(default=None, gt=0)
@@ -152,6 +155,7 @@ class AppArgs(BaseModel):
             device=self.device,
             dtype=self.dtype,
             weight_format=self.weight_format,
+            draft_weights=self.draft_weights,
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_gb=self.kv_cache_memory_gb,

@@ -71,6 +71,9 @@ class EngineConfig:
     # how linear weights are laid out (faser/runner/weights.py): "packed" (the row-invariant CPU
     # kernel's panels), "dense" (torch's linear), or "auto": "packed" where it runs
     weight_format: str = "auto"
+    # the draft's weights (faser/runner/weights.py): "int8" (half the bytes a draft step streams;
+    # packed bf16 only), "same" (the target's layout and dtype), or "auto": "int8" where it runs
+    draft_weights: str = "auto"
     # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;
     # None: split the engine's threads (no lanes, so no overlap, with fewer than two)
     lane_threads: tuple[int, int] | None = None

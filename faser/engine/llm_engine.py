@@ -103,6 +103,8 @@ class LLMEngine:
         config, pair = self.config, self.pair
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
         layout = pair.weight_format
+        if pair.draft_weights != "same":
+            layout = f"{layout}+draft-{pair.draft_weights}"
         if self.target.unfused_reason is None:  # its layers as one call: another cost curve
             layout = f"{layout}+fused"
         if config.device == "cpu":  # the CPU kernels' build prices every step on a CPU

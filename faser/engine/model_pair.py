@@ -11,7 +11,7 @@ from torch import nn
 from faser.config import EngineConfig
 from faser.models.loader import DRAFT_TOKEN_MAP, load_hf_config, load_model, load_token_map
 from faser.runner.model_runner import RunnerOptions
-from faser.runner.weights import pack_weights, resolve_weight_format
+from faser.runner.weights import pack_weights, resolve_draft_weights, resolve_weight_format
 
 
 @dataclass
@@ -27,6 +27,7 @@ class ModelPair:
     draft_dir: Path | None
     runner_options: RunnerOptions  # how both models' forwards run (compile, CUDA graphs)
     weight_format: str = "dense"  # the layout both models' weights were packed in ("auto" decided)
+    draft_weights: str = "same"  # "int8" when the draft's packed weights are ("auto" decided)
 
 
 def resolve(path: str | None, kind: str) -> Path:
@@ -61,14 +62,16 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         check_vocab(target, draft, token_map)
         check_features(target, draft)
     weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
-    for model in (target, draft):
-        if model is not None:
-            pack_weights(model, weight_format, config.device)
+    draft_weights = resolve_draft_weights(config.draft_weights, weight_format, config.dtype)
+    pack_weights(target, weight_format, config.device)
+    if draft is not None:
+        pack_weights(draft, weight_format, config.device, int8=draft_weights == "int8")
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,
         _eos_ids(hf_config, tokenizer, target_dir), target_dir, draft_dir,
         runner_options(config, max_position), weight_format,
+        draft_weights if draft is not None else "same",
     )
 
 

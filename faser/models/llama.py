@@ -159,6 +159,10 @@ class LlamaForCausalLM(nn.Module):
             "post_norm": [layer.post_attention_layernorm.weight for layer in self.layers],
             "gate_up": [mlp.gate_up_proj.packed.data for _, mlp in layers],
             "down": [mlp.down_proj.packed.data for _, mlp in layers],
+            "qkv_scale": [attn.qkv_proj.packed.scale for attn, _ in layers],
+            "o_scale": [attn.o_proj.packed.scale for attn, _ in layers],
+            "gate_up_scale": [mlp.gate_up_proj.packed.scale for _, mlp in layers],
+            "down_scale": [mlp.down_proj.packed.scale for _, mlp in layers],
         }
         attn, cfg = self.layers[0].self_attn, self.config
         shapes = cpu_decoder.LayerShapes(cfg.hidden_size, attn.num_heads, attn.num_kv_heads,

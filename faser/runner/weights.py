@@ -8,6 +8,10 @@ and the kernel streams each weight once per call, so verification costs about on
 "dense": torch's own linear (CUDA, or a CPU without the kernel's instructions), whose GEMMs
 choose their blocking by the row count and so are not row-invariant. "auto" picks "packed" where
 it runs.
+
+A draft's packed weights may be int8 (`DRAFT_WEIGHTS`): a draft step streams its weights from
+memory after the target's have flushed the caches, and int8 halves those bytes; the target stays
+in its dtype, so what the engine outputs does not change, only how often drafts are accepted.
 """
 
 from __future__ import annotations
@@ -18,16 +22,19 @@ from torch import nn
 from faser_kernels import cpu_linear
 
 WEIGHT_FORMATS = ("auto", "dense", "packed")
+# "same": the target's layout and dtype; "int8": packed int8 (bf16 engines on the CPU kernel);
+# "auto": "int8" where it runs
+DRAFT_WEIGHTS = ("auto", "same", "int8")
 
 
 class RowInvariantLinear(nn.Module):
     """A linear layer through cpu_linear's kernel. The weight is kept only in its panels, except
     a head tied to the embedding, whose rows the embedding still reads."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, int8: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = cpu_linear.pack_weight(linear.weight.detach())
+        self.packed = cpu_linear.pack_weight(linear.weight.detach(), int8)
         bias = linear.bias
         self.register_buffer(
             "bias", None if bias is None else bias.detach().float().contiguous(), persistent=False
@@ -53,9 +60,24 @@ def packed_reason(device: str, dtype: str) -> str | None:
     return cpu_linear.unavailable_reason(getattr(torch, dtype))
 
 
-def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module:
+def resolve_draft_weights(draft_weights: str, weight_format: str, dtype: str) -> str:
+    """What "auto" stands for: "int8" where it runs (packed bf16 weights), else "same"."""
+    if draft_weights not in DRAFT_WEIGHTS:
+        raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, got {draft_weights!r}")
+    runs = weight_format == "packed" and dtype == "bfloat16"
+    if draft_weights == "int8" and not runs:
+        raise ValueError("draft_weights 'int8' needs packed bfloat16 weights, got "
+                         f"weight_format {weight_format!r} and dtype {dtype!r}")
+    if draft_weights == "auto":
+        return "int8" if runs else "same"
+    return draft_weights
+
+
+def pack_weights(
+    model: nn.Module, weight_format: str, device: str, int8: bool = False
+) -> nn.Module:
     """Repacks the decoder layers' projections and the model's own linear layers (the head, a
-    feature draft's fusions) in place."""
+    feature draft's fusions) in place; `int8`: as int8 (a draft's, packed bf16 only)."""
     if weight_format not in WEIGHT_FORMATS or weight_format == "auto":
         raise ValueError(f"weight_format must be 'dense' or 'packed', got {weight_format!r}")
     if weight_format == "dense":
@@ -64,10 +86,10 @@ def pack_weights(model: nn.Module, weight_format: str, device: str) -> nn.Module
     if (reason := packed_reason(device, str(dtype).removeprefix("torch."))) is not None:
         raise ValueError(f"weight_format 'packed' cannot run here: {reason}")
     for parent, name, child in decoder_projections(model):
-        setattr(parent, name, RowInvariantLinear(child))
+        setattr(parent, name, RowInvariantLinear(child, int8))
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, RowInvariantLinear(child))
+            setattr(model, name, RowInvariantLinear(child, int8))
     return model
 
 

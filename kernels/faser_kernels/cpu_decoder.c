@@ -18,6 +18,8 @@ typedef struct {
     /* per layer, num_layers entries each */
     const void *const *input_norm, *const *qkv, *const *qkv_bias, *const *o, *const *post_norm,
         *const *gate_up, *const *down;
+    /* per layer, each linear's scale [out] for int8 weights, or NULL entries for the dtype's */
+    const float *const *qkv_scale, *const *o_scale, *const *gate_up_scale, *const *down_scale;
     void *const *k_cache, *const *v_cache;
     /* the forward's tokens and where their keys go */
     const int64_t *positions, *slot_mapping;
@@ -45,9 +47,11 @@ typedef struct {
     float *summed; /* scratch [n, hidden] float32: h, which the stream does not keep */
 } Layers;
 
-static void linear(const Layers *a, const void *x, const void *w, const void *bias, void *out,
-                   long n, long k) {
-    if (a->bf16)
+static void linear(const Layers *a, const void *x, const void *w, const float *scale,
+                   const void *bias, void *out, long n, long k) {
+    if (scale)
+        faser_linear_i8(x, w, scale, bias, out, a->num_tokens, n, k);
+    else if (a->bf16)
         faser_linear_bf16(x, w, bias, out, a->num_tokens, n, k);
     else
         faser_linear_f32(x, w, bias, out, a->num_tokens, n, k);
@@ -78,7 +82,7 @@ static int layer(Layers *a, long l) {
     faser_add_rms_norm(a->x, a->has_residual ? a->residual : NULL, a->input_norm[l], a->normed,
                        a->residual, n, d, a->eps, a->bf16, a->bf16);
     a->has_residual = 1;
-    linear(a, a->normed, a->qkv[l], a->qkv_bias[l], a->qkv_out, width, d);
+    linear(a, a->normed, a->qkv[l], a->qkv_scale[l], a->qkv_bias[l], a->qkv_out, width, d);
     faser_rotary(a->qkv_out, a->positions, a->cos_table, a->sin_table, n,
                  a->num_heads + a->num_kv_heads, a->head_dim, width, a->bf16);
     store_kv(a, l);
@@ -88,12 +92,13 @@ static int layer(Layers *a, long l) {
                                      a->max_blocks, a->block_size, a->num_heads,
                                      a->num_kv_heads, a->head_dim, a->scale, a->bf16);
     if (code) return code;
-    linear(a, a->attn, a->o[l], NULL, a->x, d, q);
+    linear(a, a->attn, a->o[l], a->o_scale[l], NULL, a->x, d, q);
     faser_add_rms_norm(a->x, a->residual, a->post_norm[l], a->normed, a->residual, n, d, a->eps,
                        a->bf16, a->bf16);
-    linear(a, a->normed, a->gate_up[l], NULL, a->gate_up_out, 2 * a->intermediate, d);
+    linear(a, a->normed, a->gate_up[l], a->gate_up_scale[l], NULL, a->gate_up_out,
+           2 * a->intermediate, d);
     faser_silu_mul(a->gate_up_out, a->act, n, a->intermediate, a->bf16);
-    linear(a, a->act, a->down[l], NULL, a->x, d, a->intermediate);
+    linear(a, a->act, a->down[l], a->down_scale[l], NULL, a->x, d, a->intermediate);
     return 0;
 }
 

@@ -24,7 +24,8 @@ _L = ctypes.c_long
 class _Layers(ctypes.Structure):
     _fields_ = [
         *((name, _PP) for name in ("input_norm", "qkv", "qkv_bias", "o", "post_norm",
-                                   "gate_up", "down", "k_cache", "v_cache")),
+                                   "gate_up", "down", "qkv_scale", "o_scale", "gate_up_scale",
+                                   "down_scale", "k_cache", "v_cache")),
         *((name, _P) for name in ("positions", "slot_mapping", "block_tables", "seq_lens",
                                   "cu_seqlens_q", "cos_table", "sin_table")),
         *((name, _L) for name in ("num_tokens", "num_seqs", "max_blocks", "block_size", "hidden",
@@ -56,7 +57,8 @@ class DecoderLayers:
     def __init__(
         self,
         shapes: LayerShapes,
-        weights: dict[str, list[torch.Tensor | None]],  # input_norm, qkv, qkv_bias, o, ...
+        # input_norm, qkv, qkv_bias, o, ...; and qkv_scale, o_scale, ... (None: not int8)
+        weights: dict[str, list[torch.Tensor | None]],
         final_norm: torch.Tensor,  # [hidden], the model's dtype
         dtype: torch.dtype,
     ) -> None:

@@ -7,7 +7,10 @@
  * call (a decode step is bound by reading the weights):
  *   bf16: [num_panels, K / 2, PANEL, 2] (k pairs, as vdpbf16ps takes them)
  *   fp32: [num_panels, K, PANEL]
- * Each panel is multiplied with up to MAX_ROWS rows at a time, all held in registers.
+ *   int8: as bf16, with a float32 scale per output (a draft's weights: half the bytes to stream)
+ * Each panel is multiplied with up to MAX_ROWS rows at a time, all held in registers. An int8
+ * weight is widened to bf16 in registers (every int8 is exact in bf16) and its scale applied
+ * once per output, after the sum, so the sum walks k as the bf16 kernel's does.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -16,9 +19,10 @@
 #define MAX_ROWS 12
 
 typedef struct {
-    const void *x;     /* [M, K] bf16 or fp32, rows contiguous */
-    const void *w;     /* packed, see above */
-    const float *bias; /* [N] or NULL */
+    const void *x;      /* [M, K] bf16 or fp32, rows contiguous */
+    const void *w;      /* packed, see above */
+    const float *scale; /* [N] for an int8 weight, else NULL */
+    const float *bias;  /* [N] or NULL */
     void *out;         /* [M, N] bf16 or fp32 */
     long m, n, k;
 } Linear;
@@ -28,6 +32,10 @@ static inline void store_panel(const Linear *a, long row, long n0, __m512 lo, __
     long left = a->n - n0;
     __mmask16 mlo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
     __mmask16 mhi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+    if (a->scale) {
+        lo = _mm512_mul_ps(lo, _mm512_maskz_loadu_ps(mlo, a->scale + n0));
+        hi = _mm512_mul_ps(hi, _mm512_maskz_loadu_ps(mhi, a->scale + n0 + 16));
+    }
     if (a->bias) {
         lo = _mm512_add_ps(lo, _mm512_maskz_loadu_ps(mlo, a->bias + n0));
         hi = _mm512_add_ps(hi, _mm512_maskz_loadu_ps(mhi, a->bias + n0 + 16));
@@ -53,6 +61,30 @@ static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, lo
     for (long kp = 0; kp < a->k / 2; kp++) {
         __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + kp * 2 * PANEL);
         __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + kp * 2 * PANEL + PANEL);
+        for (int i = 0; i < ROWS; i++) {
+            __m512bh xb = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(x + i * a->k + 2 * kp));
+            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
+            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xb, w1);
+        }
+    }
+    for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 1);
+}
+
+/* 16 int8 (8 outputs' k pairs) as 16 floats. */
+static inline __m512 widen_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+
+static inline __attribute__((always_inline)) void panel_i8(const Linear *a, long p, long m0,
+                                                           const int ROWS) {
+    __m512 acc[MAX_ROWS][2];
+    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const int8_t *w = (const int8_t *)a->w + p * a->k * PANEL;
+    const uint16_t *x = (const uint16_t *)a->x + m0 * a->k;
+    for (long kp = 0; kp < a->k / 2; kp++) {
+        __m512i q = _mm512_loadu_si512(w + kp * 2 * PANEL);
+        __m512bh w0 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 1)),
+                                          widen_i8(_mm512_castsi512_si128(q)));
+        __m512bh w1 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 3)),
+                                          widen_i8(_mm512_extracti32x4_epi32(q, 2)));
         for (int i = 0; i < ROWS; i++) {
             __m512bh xb = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(x + i * a->k + 2 * kp));
             acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
@@ -96,14 +128,18 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
     default: fn(a, p, m0, 12); break;                                                              \
     }
 
-static void run(const Linear *a, int bf16) {
+enum { F32, BF16, I8 };
+
+static void run(const Linear *a, int format) {
     long num_panels = (a->n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < num_panels; p++) {
         for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
             long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
-            if (bf16) {
+            if (format == BF16) {
                 DISPATCH(panel_bf16, a, p, m0, rows);
+            } else if (format == I8) {
+                DISPATCH(panel_i8, a, p, m0, rows);
             } else {
                 DISPATCH(panel_f32, a, p, m0, rows);
             }
@@ -113,12 +149,19 @@ static void run(const Linear *a, int bf16) {
 
 void faser_linear_bf16(const void *x, const void *w, const float *bias, void *out, long m,
                        long n, long k) {
-    Linear a = {x, w, bias, out, m, n, k};
-    run(&a, 1);
+    Linear a = {x, w, NULL, bias, out, m, n, k};
+    run(&a, BF16);
 }
 
 void faser_linear_f32(const void *x, const void *w, const float *bias, void *out, long m, long n,
                       long k) {
-    Linear a = {x, w, bias, out, m, n, k};
-    run(&a, 0);
+    Linear a = {x, w, NULL, bias, out, m, n, k};
+    run(&a, F32);
+}
+
+/* x bf16, w int8 panels with a scale per output; out bf16. */
+void faser_linear_i8(const void *x, const void *w, const float *scale, const float *bias,
+                     void *out, long m, long n, long k) {
+    Linear a = {x, w, scale, bias, out, m, n, k};
+    run(&a, I8);
 }

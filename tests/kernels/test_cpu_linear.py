@@ -53,3 +53,51 @@ def test_a_mismatched_input_is_named(dtype):
 def test_an_empty_batch_gives_an_empty_output(dtype):
     packed = cpu_linear.pack_weight(torch.randn(8, 16).to(dtype))
     assert cpu_linear.linear(torch.empty(0, 16, dtype=dtype), packed).shape == (0, 8)
+
+
+# -- int8 weights (a draft's) -------------------------------------------------------------------
+
+
+@pytest.fixture
+def bf16() -> torch.dtype:
+    if (reason := cpu_linear.unavailable_reason(torch.bfloat16)) is not None:
+        pytest.skip(reason)
+    return torch.bfloat16
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_an_int8_weight_equals_its_twin_to_rounding(bf16, n, k, bias):
+    torch.manual_seed(n + k)
+    weight = (torch.randn(n, k) / k**0.5).to(bf16)
+    b = torch.randn(n) if bias else None
+    x = torch.randn(13, k).to(bf16)
+    packed = cpu_linear.pack_weight(weight, int8=True)
+    q, scale = cpu_linear.quantize_int8(weight)
+    out = cpu_linear.linear(x, packed, b)
+    assert out.dtype == bf16 and out.shape == (13, n) and packed.data.dtype == torch.int8
+    twin = cpu_linear.linear_torch(x, q, b, scale)
+    torch.testing.assert_close(out.float(), twin.float(), rtol=1.6e-2, atol=1.6e-2)
+
+
+def test_int8_keeps_a_weight_to_half_a_step_per_output(bf16):
+    weight = torch.randn(64, 96).to(bf16)
+    q, scale = cpu_linear.quantize_int8(weight)
+    error = (q.float() * scale[:, None] - weight.float()).abs()
+    assert (error <= scale[:, None] / 2 + 1e-7).all()
+    assert q.abs().amax(dim=1).eq(127).all()  # each output's largest weight spans the range
+
+
+@pytest.mark.parametrize(("n", "k"), SHAPES[2:5])
+def test_every_row_of_an_int8_call_has_the_bits_of_a_one_row_call(bf16, n, k):
+    torch.manual_seed(k)
+    packed = cpu_linear.pack_weight(torch.randn(n, k).to(bf16), int8=True)
+    x = torch.randn(17, k).to(bf16)
+    alone = torch.cat([cpu_linear.linear(x[i : i + 1], packed) for i in range(17)])
+    for m in (2, 5, 12, 13, 17):
+        assert torch.equal(cpu_linear.linear(x[:m], packed), alone[:m]), m
+
+
+def test_int8_packs_only_a_bf16_weight():
+    with pytest.raises(ValueError, match="int8 weights take bf16"):
+        cpu_linear.pack_weight(torch.randn(8, 16), int8=True)

@@ -1,0 +1,88 @@
+"""A draft's weights in int8 (faser.runner.weights.DRAFT_WEIGHTS): chosen where they run, refused
+with a reason where they do not, the draft's one C call giving its layer-by-layer bits, and the
+engine's output still the target's own (tests/engine/test_exactness.py runs every policy in bf16,
+whose draft is int8 by default)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from faser import LLM, SamplingParams, SpecConfig
+from faser.runner.batch import Chunk
+from faser_kernels import cpu_linear
+from faser_kernels.cpu_decoder import unavailable_reason
+from tests.engine.test_feature_draft import feature_pair  # noqa: F401  (a fixture)
+
+PROMPTS = [[1, 2, 3, 4, 5], list(range(10, 40))]
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def bf16_kernels() -> None:
+    if (reason := unavailable_reason(torch.bfloat16)) is not None:
+        pytest.skip(reason)
+
+
+def _llm(pair, dtype: str, draft_weights: str = "auto", policy: str = "fixed:3") -> LLM:
+    target, draft = pair
+    return LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy=policy), dtype=dtype,
+               num_kv_blocks=96, block_size=4, draft_weights=draft_weights)
+
+
+def _weight_dtypes(model) -> set[torch.dtype]:
+    return {m.packed.data.dtype for m in model.modules() if hasattr(m, "packed")}
+
+
+def test_auto_packs_a_bf16_draft_in_int8_and_leaves_the_target_alone(
+    feature_pair, bf16_kernels  # noqa: F811
+):
+    pair = _llm(feature_pair, "bfloat16").engine.pair
+    assert pair.draft_weights == "int8"
+    assert _weight_dtypes(pair.draft) == {torch.int8}
+    assert _weight_dtypes(pair.target) == {torch.bfloat16}
+    same = _llm(feature_pair, "bfloat16", "same").engine.pair
+    assert _weight_dtypes(same.draft) == {torch.bfloat16}
+
+
+def test_a_float32_engine_keeps_its_draft_in_float32(feature_pair):  # noqa: F811
+    if cpu_linear.unavailable_reason(torch.float32) is not None:
+        pytest.skip("no packed float32 weights here")
+    pair = _llm(feature_pair, "float32").engine.pair
+    assert pair.draft_weights == "same"
+    with pytest.raises(ValueError, match="draft_weights 'int8' needs packed bfloat16"):
+        _llm(feature_pair, "float32", "int8")
+
+
+def test_an_unknown_draft_weights_is_named(feature_pair):  # noqa: F811
+    with pytest.raises(ValueError, match="draft_weights must be one of"):
+        _llm(feature_pair, "float32", "int4")
+
+
+def test_the_int8_drafts_one_call_gives_its_layer_by_layer_logits(
+    feature_pair, bf16_kernels  # noqa: F811
+):
+    llm = _llm(feature_pair, "bfloat16", "int8")
+    engine, runner = llm.engine, llm.engine.speculator.proposer.runner
+    model = runner.model
+    assert model.fused_layers is not None
+    features = torch.randn(33, model.feature_dim).bfloat16()
+    logits = []
+    for fused in (model.fused_layers, None):
+        model.fused_layers = fused  # None: layer by layer, the twin
+        table: list[int] = []
+        engine.blocks.allocate(f"r{fused is None}", table, 40)
+        prefill = runner.forward([Chunk(list(range(1, 31)), 0, table, 2, features[:30])])
+        decode = runner.forward([Chunk([5, 6, 7], 30, table, 3, features[30:])])
+        logits.append((prefill, decode))
+    assert all(torch.equal(a, b) for a, b in zip(*logits, strict=True))
+
+
+def test_an_int8_draft_keeps_the_targets_output_and_is_still_accepted(
+    feature_pair, bf16_kernels  # noqa: F811
+):
+    plain = LLM(str(feature_pair[0]), dtype="bfloat16", num_kv_blocks=96, block_size=4)
+    expected = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
+    llm = _llm(feature_pair, "bfloat16", "int8")
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
+    assert llm.engine.stats.num_accepted_tokens > 0
