@@ -22,6 +22,7 @@ from torch import nn
 
 from faser.layers.attention import AttentionMetadata
 from faser.models.llama import KVCaches, LlamaForCausalLM
+from faser_kernels import cpu_decoder, cpu_ops
 
 FEATURE_DRAFT_KEY = "faser_feature_draft"
 FEATURE_LAYERS_KEY = "faser_feature_layers"
@@ -56,9 +57,27 @@ class FeatureDraft(LlamaForCausalLM):
         meta: AttentionMetadata,
         features: torch.Tensor,  # [num_tokens, feature_dim] the target's, or [.., hidden] ours
     ) -> torch.Tensor:  # [num_tokens, hidden]: the guesses of the target's final hidden state
+        if (prologue := self._prologue(input_ids, features)) is not None:
+            x = torch.empty(input_ids.numel(), self.config.hidden_size, dtype=features.dtype)
+            return self._run_fused(x, self.rotary(positions), kv_caches, meta, (), prologue)[0]
         embeds = self.embed_tokens(input_ids)
         features = features.to(embeds.dtype)
         if features.shape[-1] != embeds.shape[-1]:  # the target's, several layers: fuse them
             features = self.fuse(features)
         hidden = self.fc(torch.cat((embeds, features), dim=-1))
         return self.run_layers(hidden, positions, kv_caches, meta)[0]
+
+    def _prologue(
+        self, input_ids: torch.Tensor, features: torch.Tensor
+    ) -> cpu_decoder.Prologue | None:
+        """The input fusions as the layers' C call takes them, where that call runs and they are
+        packed for it; None: the torch path above, their twin."""
+        embed = self.embed_tokens.weight
+        fuse = getattr(self, "fuse", None) if features.shape[-1] != embed.shape[-1] else None
+        packed = [getattr(m, "packed", None) for m in (self.fc, fuse) if m is not None]
+        if self.fused_layers is None or not cpu_ops.runs_on(embed) or None in packed:
+            return None
+        return cpu_decoder.Prologue(
+            input_ids.contiguous(), embed, features.to(embed.dtype).contiguous(),
+            packed[1] if fuse is not None else None, packed[0],
+        )

@@ -197,15 +197,17 @@ class LlamaForCausalLM(nn.Module):
 
     def _run_fused(
         self, hidden: torch.Tensor, rope: Rope, kv_caches: KVCaches, meta: AttentionMetadata,
-        feature_layers: tuple[int, ...],
+        feature_layers: tuple[int, ...], prologue: cpu_decoder.Prologue | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """run_layers in one C call, which also takes the inner feature layers' rows."""
+        """run_layers in one C call, which also takes the inner feature layers' rows; with a
+        prologue, `hidden` is only the buffer the call builds the input in."""
         num_layers = len(self.layers)
         taps = sorted({i for i in feature_layers if 0 < i < num_layers})
+        x = hidden if prologue else hidden.clone(memory_format=torch.contiguous_format)
         out, rows = self.fused_layers.run(
-            hidden.clone(memory_format=torch.contiguous_format), rope.positions.contiguous(),
-            meta.slot_mapping.contiguous(), meta.block_tables, meta.seq_lens, meta.cu_seqlens_q,
-            rope.cos, rope.sin, kv_caches, taps, FEATURE_EPS,
+            x, rope.positions.contiguous(), meta.slot_mapping.contiguous(), meta.block_tables,
+            meta.seq_lens, meta.cu_seqlens_q, rope.cos, rope.sin, kv_caches, taps, FEATURE_EPS,
+            prologue,
         )
         if not feature_layers:
             return out, None

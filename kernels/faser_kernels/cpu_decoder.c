@@ -7,7 +7,9 @@
  * place; k, v stored in their paged slots; attention; x = attn Wo; h += x; normed = RMSNorm(h);
  * x = (silu(gate) * up)(normed Wgate_up) Wdown. After the layers named as taps, the stream's
  * state RMS-scaled (RMSNorm with a unit weight) into a feature buffer each, for a feature draft;
- * after the last, the final norm. The caller holds every buffer. */
+ * after the last, the final norm. A feature draft's input may be built in the same call (the
+ * prologue): x = [embed[ids], fuse(features)] Wfc, fuse skipped for features of hidden width (the
+ * draft's own guesses). The caller holds every buffer. */
 #include "cpu_attention.c"
 #include "cpu_linear.c"
 #include "cpu_ops.c"
@@ -45,6 +47,14 @@ typedef struct {
     const void *final_norm;
     float *final_out;
     float *summed; /* scratch [n, hidden] float32: h, which the stream does not keep */
+    /* the prologue, when ids is not NULL: embed [vocab, hidden] rows by ids [n], features
+     * [n, feature_dim], fuse [hidden, feature_dim] (NULL when feature_dim is hidden), fc
+     * [hidden, 2 hidden], packed; into scratch joined [n, 2 hidden], then x */
+    const int64_t *ids;
+    const void *embed, *features, *fuse, *fc;
+    const float *fuse_scale, *fc_scale;
+    long feature_dim;
+    void *joined;
 } Layers;
 
 static void linear(const Layers *a, const void *x, const void *w, const float *scale,
@@ -102,10 +112,32 @@ static int layer(Layers *a, long l) {
     return 0;
 }
 
-/* Layers [0, num_layers) with their taps and the final norm; 0, or the attention kernel's error
- * code. */
+/* x = [embed[ids], fuse(features)] Wfc: a token's embedding beside its feature row, each row in
+ * its half of `joined` (the fused features written there straight from the kernel). */
+static void prologue(const Layers *a) {
+    long n = a->num_tokens, d = a->hidden;
+    size_t elem = a->bf16 ? 2 : 4, row = 2 * d * elem;
+    char *joined = a->joined;
+    for (long t = 0; t < n; t++)
+        memcpy(joined + t * row, (const char *)a->embed + a->ids[t] * d * elem, d * elem);
+    if (a->fuse) {
+        char *fused = joined + n * row; /* scratch past the joined rows */
+        linear(a, a->features, a->fuse, a->fuse_scale, NULL, fused, d, a->feature_dim);
+        for (long t = 0; t < n; t++)
+            memcpy(joined + t * row + d * elem, fused + t * d * elem, d * elem);
+    } else {
+        for (long t = 0; t < n; t++)
+            memcpy(joined + t * row + d * elem, (const char *)a->features + t * d * elem,
+                   d * elem);
+    }
+    linear(a, joined, a->fc, a->fc_scale, NULL, a->x, d, 2 * d);
+}
+
+/* The prologue if any, layers [0, num_layers) with their taps and the final norm; 0, or the
+ * attention kernel's error code. */
 int faser_decoder_layers(Layers *a, long num_layers) {
     long n = a->num_tokens, d = a->hidden, t = 0;
+    if (a->ids) prologue(a);
     for (long l = 0; l < num_layers; l++) {
         int code = layer(a, l);
         if (code) return code;

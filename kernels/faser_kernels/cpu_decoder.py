@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from faser_kernels import cpu_build
+from faser_kernels.cpu_linear import PackedWeight
 
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -36,7 +37,31 @@ class _Layers(ctypes.Structure):
         ("has_residual", ctypes.c_int),
         ("taps", _P), ("num_taps", _L), ("tap_out", _PP), ("unit", _P), ("tap_eps", ctypes.c_float),
         ("final_norm", _P), ("final_out", _P), ("summed", _P),
+        *((name, _P) for name in ("ids", "embed", "features", "fuse", "fc", "fuse_scale",
+                                  "fc_scale")),
+        ("feature_dim", _L), ("joined", _P),
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class Prologue:
+    """A feature draft's input, built inside the call: x = [embed[ids], fuse(features)] fc (no
+    fuse for features of hidden width). Its twin: faser.models.feature_draft's torch path."""
+
+    ids: torch.Tensor  # [n] int64
+    embed: torch.Tensor  # [vocab, hidden], the model's dtype
+    features: torch.Tensor  # [n, feature_dim], the model's dtype
+    fuse: PackedWeight | None  # [hidden, feature_dim]
+    fc: PackedWeight  # [hidden, 2 hidden]
+
+    def pointers(self, joined: torch.Tensor) -> dict[str, object]:
+        fuse, fc = self.fuse, self.fc
+        return dict(
+            ids=self.ids.data_ptr(), embed=self.embed.data_ptr(),
+            features=self.features.data_ptr(), fuse=fuse.data.data_ptr() if fuse else None,
+            fc=fc.data.data_ptr(), feature_dim=self.features.shape[1],
+            fuse_scale=_scale(fuse), fc_scale=_scale(fc), joined=joined.data_ptr(),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +115,14 @@ class DecoderLayers:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],  # per layer, [blocks, block, kv, d]
         taps: Sequence[int],  # ascending, in [1, num_layers)
         tap_eps: float,
+        prologue: Prologue | None = None,  # then x is only written: the prologue's output
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Every layer, then the final norm: its output [n, hidden] float32, and per tap t the
         residual stream after t layers, RMS-scaled with `tap_eps` ([n, hidden], the model's
         dtype): the features a feature draft reads, taken inside the one call."""
         s, n = self.shapes, x.shape[0]
+        joined = torch.empty(n, 3 * s.hidden, dtype=self.dtype) if prologue else None
+        inputs = prologue.pointers(joined) if prologue else {}
         caches = self._cache_pointers(kv_caches)
         q_size, kv_size = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         scratch = [
@@ -123,12 +151,16 @@ class DecoderLayers:
             residual=residual.data_ptr(), has_residual=0,
             taps=ctypes.addressof(tap_layers), num_taps=len(taps), tap_out=tap_out,
             unit=self._unit.data_ptr(), tap_eps=tap_eps, final_norm=self._final_norm.data_ptr(),
-            final_out=out.data_ptr(), summed=summed.data_ptr(),
+            final_out=out.data_ptr(), summed=summed.data_ptr(), **inputs,
         )
         code = _library().faser_decoder_layers(ctypes.byref(args), self.num_layers)
         if code != 0:
             raise RuntimeError(f"cpu decoder layers failed ({code})")
         return out, tapped
+
+
+def _scale(weight: PackedWeight | None) -> int | None:
+    return weight.scale.data_ptr() if weight is not None and weight.scale is not None else None
 
 
 def _pointers(tensors: list[torch.Tensor | None]):

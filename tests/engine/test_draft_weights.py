@@ -59,22 +59,32 @@ def test_an_unknown_draft_weights_is_named(feature_pair):  # noqa: F811
         _llm(feature_pair, "float32", "int4")
 
 
-def test_the_int8_drafts_one_call_gives_its_layer_by_layer_logits(
-    feature_pair, bf16_kernels  # noqa: F811
+@pytest.mark.parametrize(("dtype", "draft_weights"),
+                         [("bfloat16", "int8"), ("bfloat16", "same"), ("float32", "same")])
+def test_the_drafts_one_call_gives_its_torch_path_logits(
+    feature_pair, dtype, draft_weights  # noqa: F811
 ):
-    llm = _llm(feature_pair, "bfloat16", "int8")
+    """The one C call builds the draft's input too (its prologue: the embedding beside the fused
+    features, through fc), from the target's features and from its own guesses."""
+    if (reason := unavailable_reason(getattr(torch, dtype))) is not None:
+        pytest.skip(reason)
+    llm = _llm(feature_pair, dtype, draft_weights)
     engine, runner = llm.engine, llm.engine.speculator.proposer.runner
     model = runner.model
-    assert model.fused_layers is not None
-    features = torch.randn(33, model.feature_dim).bfloat16()
+    features = torch.randn(33, model.feature_dim).to(getattr(torch, dtype))
+    guesses = torch.randn(2, model.config.hidden_size).to(getattr(torch, dtype))
+    ids = torch.tensor([5, 6])
+    assert model._prologue(ids, features[:2]) is not None
+    assert model._prologue(ids, guesses) is not None
     logits = []
     for fused in (model.fused_layers, None):
         model.fused_layers = fused  # None: layer by layer, the twin
         table: list[int] = []
-        engine.blocks.allocate(f"r{fused is None}", table, 40)
+        engine.blocks.allocate(f"r{fused is None}", table, 40)  # 35 used
         prefill = runner.forward([Chunk(list(range(1, 31)), 0, table, 2, features[:30])])
         decode = runner.forward([Chunk([5, 6, 7], 30, table, 3, features[30:])])
-        logits.append((prefill, decode))
+        guessed = runner.forward([Chunk([8, 9], 33, table, 2, guesses)])
+        logits.append((prefill, decode, guessed))
     assert all(torch.equal(a, b) for a, b in zip(*logits, strict=True))
 
 
