@@ -35,7 +35,7 @@ from faser.spec_decode.slo import Slo, request_met
 from faser.spec_decode.speculator import Speculator
 from faser.spec_decode.state import SpecState
 from faser.spec_decode.verifier import Verdict
-from faser_kernels import cpu_build
+from faser_kernels import cpu_build, huge_pages
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,8 @@ class LLMEngine:
             layout = f"{layout}+fused"
         if config.device == "cpu":  # the CPU kernels' build prices every step on a CPU
             layout = f"{layout}@{cpu_build.sources_digest()}"
+            if pair.weight_format == "packed" and huge_pages.available():
+                layout = f"{layout}+huge-pages"
         key = profile_key(models, config.device, config.dtype, config.num_threads, layout)
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):

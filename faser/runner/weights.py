@@ -16,10 +16,12 @@ in its dtype, so what the engine outputs does not change, only how often drafts 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
-from faser_kernels import cpu_linear
+from faser_kernels import cpu_linear, huge_pages
 
 WEIGHT_FORMATS = ("auto", "dense", "packed")
 # "same": the target's layout and dtype; "int8": packed int8 (bf16 engines on the CPU kernel);
@@ -90,7 +92,15 @@ def pack_weights(
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
             setattr(model, name, RowInvariantLinear(child, int8))
+    _into_huge_pages([m for m in model.modules() if isinstance(m, RowInvariantLinear)])
     return model
+
+
+def _into_huge_pages(linears: list[RowInvariantLinear]) -> None:
+    """Every panel of the model in one buffer of huge pages (faser_kernels.huge_pages)."""
+    moved = huge_pages.into_huge_pages([m.packed.data for m in linears])
+    for m, data in zip(linears, moved, strict=True):
+        m.packed = dataclasses.replace(m.packed, data=data)
 
 
 def decoder_projections(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:

@@ -10,7 +10,7 @@ import torch
 
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
-from faser_kernels import cpu_linear
+from faser_kernels import cpu_linear, huge_pages
 from faser_kernels.cpu_decoder import unavailable_reason
 from tests.engine.test_feature_draft import feature_pair  # noqa: F401  (a fixture)
 
@@ -96,3 +96,15 @@ def test_an_int8_draft_keeps_the_targets_output_and_is_still_accepted(
     llm = _llm(feature_pair, "bfloat16", "int8")
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert llm.engine.stats.num_accepted_tokens > 0
+
+
+def test_each_models_packed_weights_share_one_buffer_of_huge_pages(
+    feature_pair, bf16_kernels  # noqa: F811
+):
+    """faser_kernels.huge_pages: a decode step streams them all, and 4 KiB pages slow that."""
+    if not huge_pages.available():
+        pytest.skip("no MADV_HUGEPAGE here")
+    pair = _llm(feature_pair, "bfloat16").engine.pair
+    for model in (pair.target, pair.draft):
+        packed = [m.packed.data for m in model.modules() if hasattr(m, "packed")]
+        assert len({t.untyped_storage().data_ptr() for t in packed}) == 1
