@@ -58,7 +58,8 @@ class FeatureDraft(LlamaForCausalLM):
         features: torch.Tensor,  # [num_tokens, feature_dim] the target's, or [.., hidden] ours
     ) -> torch.Tensor:  # [num_tokens, hidden]: the guesses of the target's final hidden state
         if (prologue := self._prologue(input_ids, features)) is not None:
-            x = torch.empty(input_ids.numel(), self.config.hidden_size, dtype=features.dtype)
+            x = torch.empty(input_ids.numel(), self.config.hidden_size,
+                            dtype=self.embed_tokens.weight.dtype)
             return self._run_fused(x, self.rotary(positions), kv_caches, meta, (), prologue)[0]
         embeds = self.embed_tokens(input_ids)
         features = features.to(embeds.dtype)

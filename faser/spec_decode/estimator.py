@@ -6,10 +6,10 @@ as a prior worth PRIOR_TRIALS trials. The population's rate is every request's t
 configured prior worth as many. Both age with every engine step, drafted or not, back to their
 prior: an estimate that fell below what pays is not measured again until its owner drafts, so
 without ageing a run of rejections (one request's, or a warm-up's for the whole population)
-would switch drafting off for good. After drafting, token t's chance
-blends alpha_i with the draft's calibrated confidence in it: how often tokens drafted with that
-confidence were accepted, over all requests (a small draft is unsure of tokens the target still
-takes, so its raw probability is no acceptance rate).
+would switch drafting off for good. After drafting, token t's chance blends alpha_i with the
+draft's calibrated confidence in it: how often tokens drafted with that confidence were
+accepted, over all requests (a small draft is unsure of tokens the target still takes, so its
+raw probability is no acceptance rate).
 
 A step's verification is a run of Bernoulli trials that stops at the first rejection: the
 positions before it were accepted, the rejected one was not, those after it were never judged.
@@ -41,7 +41,8 @@ class AcceptanceEstimator:
         self.num_steps = 0
 
     def tick(self) -> None:
-        """One engine step passed: every request's evidence ages by DECAY (read lazily)."""
+        """One engine step passed: every request's evidence ages by DECAY (read lazily), the
+        population's by POPULATION_DECAY."""
         self.num_steps += 1
         self._population = [POPULATION_DECAY * n for n in self._population]
 

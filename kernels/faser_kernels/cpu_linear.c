@@ -23,7 +23,7 @@ typedef struct {
     const void *w;      /* packed, see above */
     const float *scale; /* [N] for an int8 weight, else NULL */
     const float *bias;  /* [N] or NULL */
-    void *out;         /* [M, N] bf16 or fp32 */
+    void *out;          /* [M, N] bf16 or fp32 */
     long m, n, k;
 } Linear;
 
