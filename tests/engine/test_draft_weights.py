@@ -1,7 +1,8 @@
 """A draft's weights in int8 (faser.runner.weights.DRAFT_WEIGHTS): chosen where they run, refused
-with a reason where they do not, the draft's one C call giving its layer-by-layer bits, and the
-engine's output still the target's own (tests/engine/test_exactness.py runs every policy in bf16,
-whose draft is int8 by default)."""
+with a reason where they do not, the draft's one C call (its input built in it) giving its torch
+path's bits, each model's panels in one buffer of huge pages, and the engine's output still the
+target's own (tests/engine/test_exactness.py runs every policy in bf16, whose draft is int8 by
+default)."""
 
 from __future__ import annotations
 
@@ -24,10 +25,10 @@ def bf16_kernels() -> None:
         pytest.skip(reason)
 
 
-def _llm(pair, dtype: str, draft_weights: str = "auto", policy: str = "fixed:3") -> LLM:
+def _llm(pair, dtype: str, draft_weights: str = "auto") -> LLM:
     target, draft = pair
-    return LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy=policy), dtype=dtype,
-               num_kv_blocks=96, block_size=4, draft_weights=draft_weights)
+    return LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
+               dtype=dtype, num_kv_blocks=96, block_size=4, draft_weights=draft_weights)
 
 
 def _weight_dtypes(model) -> set[torch.dtype]:
