@@ -51,16 +51,29 @@ static inline void store_panel(const Linear *a, long row, long n0, __m512 lo, __
     }
 }
 
-/* Rows [m0, m0 + ROWS) of panel p; ROWS is a constant in every call, so acc lives in registers. */
-static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, long p, long m0,
-                                                             const int ROWS) {
+/* 16 int8 (8 outputs' k pairs) as 16 floats. */
+static inline __m512 widen_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+
+/* Rows [m0, m0 + ROWS) of panel p of a bf16 (INT8 0) or int8 (INT8 1) weight, both taken as bf16
+ * k-pairs; ROWS and INT8 are constants in every call, so acc lives in registers. */
+static inline __attribute__((always_inline)) void panel_pairs(const Linear *a, long p, long m0,
+                                                              const int ROWS, const int INT8) {
     __m512 acc[MAX_ROWS][2];
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const uint16_t *w = (const uint16_t *)a->w + p * a->k * PANEL;
+    const char *w = (const char *)a->w + p * a->k * PANEL * (INT8 ? 1 : 2);
     const uint16_t *x = (const uint16_t *)a->x + m0 * a->k;
     for (long kp = 0; kp < a->k / 2; kp++) {
-        __m512bh w0 = (__m512bh)_mm512_loadu_si512(w + kp * 2 * PANEL);
-        __m512bh w1 = (__m512bh)_mm512_loadu_si512(w + kp * 2 * PANEL + PANEL);
+        __m512bh w0, w1;
+        if (INT8) {
+            __m512i q = _mm512_loadu_si512(w + kp * 2 * PANEL);
+            w0 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 1)),
+                                     widen_i8(_mm512_castsi512_si128(q)));
+            w1 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 3)),
+                                     widen_i8(_mm512_extracti32x4_epi32(q, 2)));
+        } else {
+            w0 = (__m512bh)_mm512_loadu_si512(w + kp * 4 * PANEL);
+            w1 = (__m512bh)_mm512_loadu_si512(w + kp * 4 * PANEL + 2 * PANEL);
+        }
         for (int i = 0; i < ROWS; i++) {
             __m512bh xb = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(x + i * a->k + 2 * kp));
             acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
@@ -70,28 +83,14 @@ static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, lo
     for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 1);
 }
 
-/* 16 int8 (8 outputs' k pairs) as 16 floats. */
-static inline __m512 widen_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, long p, long m0,
+                                                             const int ROWS) {
+    panel_pairs(a, p, m0, ROWS, 0);
+}
 
 static inline __attribute__((always_inline)) void panel_i8(const Linear *a, long p, long m0,
                                                            const int ROWS) {
-    __m512 acc[MAX_ROWS][2];
-    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const int8_t *w = (const int8_t *)a->w + p * a->k * PANEL;
-    const uint16_t *x = (const uint16_t *)a->x + m0 * a->k;
-    for (long kp = 0; kp < a->k / 2; kp++) {
-        __m512i q = _mm512_loadu_si512(w + kp * 2 * PANEL);
-        __m512bh w0 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 1)),
-                                          widen_i8(_mm512_castsi512_si128(q)));
-        __m512bh w1 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 3)),
-                                          widen_i8(_mm512_extracti32x4_epi32(q, 2)));
-        for (int i = 0; i < ROWS; i++) {
-            __m512bh xb = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(x + i * a->k + 2 * kp));
-            acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
-            acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xb, w1);
-        }
-    }
-    for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 1);
+    panel_pairs(a, p, m0, ROWS, 1);
 }
 
 static inline __attribute__((always_inline)) void panel_f32(const Linear *a, long p, long m0,

@@ -13,11 +13,15 @@ DTYPES = [torch.float32, torch.bfloat16]
 SHAPES = [(1, 2), (33, 18), (70, 64), (960, 576), (576, 1536), (3072, 576), (4096, 576)]
 
 
+def _runnable(dtype: torch.dtype) -> torch.dtype:
+    if (reason := cpu_linear.unavailable_reason(dtype)) is not None:
+        pytest.skip(reason)
+    return dtype
+
+
 @pytest.fixture(params=DTYPES, ids=str)
 def dtype(request) -> torch.dtype:
-    if (reason := cpu_linear.unavailable_reason(request.param)) is not None:
-        pytest.skip(reason)
-    return request.param
+    return _runnable(request.param)
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
@@ -60,9 +64,7 @@ def test_an_empty_batch_gives_an_empty_output(dtype):
 
 @pytest.fixture
 def bf16() -> torch.dtype:
-    if (reason := cpu_linear.unavailable_reason(torch.bfloat16)) is not None:
-        pytest.skip(reason)
-    return torch.bfloat16
+    return _runnable(torch.bfloat16)
 
 
 @pytest.mark.parametrize(("n", "k"), SHAPES)
