@@ -1,4 +1,4 @@
-"""What a step costs: the profiled forwards of the target and the draft, and one online correction.
+"""What a step costs: the profiled forwards of the target and the draft, and online corrections.
 
 The target's time is measured at a few points of the flat batch size (num_tokens), the draft's at a
 few batch sizes; between points the time is interpolated linearly, beyond them extrapolated along
@@ -7,9 +7,10 @@ engine's `prepare()`) and cached as JSON, so a restart costs no profiling.
 
 A served step also samples, scores and attends over each request's whole context, which the
 profile's bare short-context forwards do not: `CostModel` scales each curve by what the served
-steps' own phases measured (drafting, and verification), from the steps that ran without a
-prefill chunk. A shape's first step is left out: a kernel's first call at a size plans and
-allocates, and that one step priced draft tokens so dear that speculation stopped for good.
+steps' own phases measured (drafting; the target's forward in a step that verifies drafts, and in
+one that does not), from the steps that ran without a prefill chunk. A shape's first step is
+left out: a kernel's first call at a size plans and allocates, and that one step priced draft
+tokens so dear that speculation stopped for good.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import math
 import os
 import re
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +33,9 @@ from faser.models.model_cache import cache_root
 TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
 # 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points;
-# 5: a feature draft's input fusions packed (its step got cheaper)
-PROFILE_VERSION = 5
+# 5: a feature draft's input fusions packed (its step got cheaper); 6: the least of five rounds,
+# not the median of three (a profile taken while the host's memory was busy priced drafts low)
+PROFILE_VERSION = 6
 # The knee: the first doubling of the tokens that costs sqrt(2) times as much (where the growing
 # part of t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
@@ -105,30 +106,42 @@ class CostProfile:
 class CostModel:
     """The profile, each phase scaled by what served steps measured: `draft_scale` times the
     profiled drafting (a served draft step also samples, scores its confidence and looks up the
-    prompt), `target_scale` times the profiled verification (a served one also samples and attends
-    over whole contexts, and the machine may run slower than when the profile was taken). Scales,
-    not offsets: a per-row offset learned at one request charged a draft token as much as a whole
-    request's row, while the profile's own curve knows what one more row costs."""
+    prompt), `target_scale` times the profiled forward of a step that verifies draft tokens (it also
+    judges every drafted row and keeps the target's features for the draft) and `decode_scale` of
+    one that verifies none (a plain decode step, which does neither); both also sample, attend over
+    whole contexts and see the machine run slower or faster than when the profile was taken. Two
+    target scales, since one learned from the steps a policy runs priced the steps it does not:
+    learned while four requests verified a draft token each, it charged their plain step the
+    verification's extra work, and drafting looked cheaper than not drafting. Scales, not offsets:
+    a per-row offset learned at one request charged a draft token as much as a whole request's
+    row, while the profile's own curve knows what one more row costs."""
 
-    __slots__ = ("_warm", "draft_scale", "num_drafted", "num_observed", "profile", "target_scale")
+    __slots__ = ("_warm", "decode_scale", "draft_scale", "num_decodes", "num_drafted",
+                 "num_observed", "profile", "target_scale")
 
     def __init__(self, profile: CostProfile) -> None:
         self.profile = profile
-        self.draft_scale = self.target_scale = 1.0
-        self.num_observed = 0
-        self.num_drafted = 0  # of them, steps that drafted
+        self.draft_scale = self.target_scale = self.decode_scale = 1.0
+        self.num_observed = 0  # steps that verified drafts
+        self.num_drafted = 0  # of them, steps whose drafting the profile prices
+        self.num_decodes = 0  # steps that verified none
         self._warm: set[tuple[int, int]] = set()
 
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
 
-    def verify_time(self, num_rows: float, num_prefill_tokens: int = 0) -> float:
-        return self.target_scale * self.profile.target_time(num_rows + num_prefill_tokens)
+    def verify_time(
+        self, num_rows: float, num_prefill_tokens: int = 0, speculative: bool = True
+    ) -> float:
+        """The target's forward over `num_rows` decode rows and a prefill; `speculative`: some of
+        the rows are draft tokens to verify."""
+        scale = self.target_scale if speculative else self.decode_scale
+        return scale * self.profile.target_time(num_rows + num_prefill_tokens)
 
     def step_time(self, num_requests: int, ks: Sequence[int], num_prefill_tokens: int = 0) -> float:
         """Predicted seconds of a sequential step: draft forwards, then one verification."""
         draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
-        return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens)
+        return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens, any(ks))
 
     def observe(
         self, num_requests: int, ks: Sequence[int], draft_s: float, verify_s: float
@@ -140,8 +153,12 @@ class CostModel:
         if rows < 1 or shape not in self._warm:
             self._warm.add(shape)
             return
-        self.num_observed += 1
         ratio = verify_s / self.profile.target_time(rows)
+        if not any(ks):
+            self.num_decodes += 1
+            self.decode_scale = _follow(self.decode_scale, ratio, self.num_decodes)
+            return
+        self.num_observed += 1
         self.target_scale = _follow(self.target_scale, ratio, self.num_observed)
         bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
         if bare > 0:
@@ -161,12 +178,12 @@ def profile(
     points: Sequence[int] = TARGET_POINTS,
     draft_points: Sequence[int] = DRAFT_POINTS,
     *,
-    repeats: int = 3,
+    repeats: int = 5,
     warmup: int = 1,
     key: str = "",
 ) -> CostProfile:
     """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
-    at size n. The median of `repeats` calls per point, taken in rounds over all the points
+    at size n. The least of `repeats` calls per point, taken in rounds over all the points
     (`_measure_curve`) after `warmup` discarded rounds, then the lower envelope from the right
     (each time the least measured at that size or beyond): a forward over more tokens never costs
     less, and timing noise, which only ever slows a forward down, is cut away."""
@@ -252,7 +269,7 @@ def load_or_profile(
     draft_points: Sequence[int] = DRAFT_POINTS,
     *,
     cache_dir: str | os.PathLike | None = None,
-    repeats: int = 3,
+    repeats: int = 5,
 ) -> CostProfile:
     """The cached profile for `key` when it covers the requested points, else a fresh one."""
     path = cache_path(key, cache_dir)
@@ -275,11 +292,15 @@ def load_or_profile(
 def _measure_curve(
     measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
 ) -> tuple[float, ...]:
-    """The median per point of `repeats` rounds over all points, each round in the opposite
+    """The least per point of `repeats` rounds over all points, each round in the opposite
     order to the last. Measured point by point, load on a shared machine that changes while the
-    profile runs shows up as a cost of size (a point timed while a neighbour was busy
-    prices every step of that size too high for as long as the profile is cached); interleaved,
-    each point sees the same stretch of the machine's time, as the benchmarks' variants do."""
+    profile runs shows up as a cost of size (a point timed while a neighbour was busy prices every
+    step of that size too high for as long as the profile is cached); interleaved, each point sees
+    the same stretch of the machine's time, as the benchmarks' variants do. The least, not the
+    median: noise only ever slows a forward down, and a host whose memory a neighbour takes for
+    seconds at a time gave a median of three rounds that priced the small forwards (all weight
+    reads) at the busy machine's cost and the larger ones at the idle machine's, a curve so flat
+    that drafting looked nearly free."""
     for _ in range(warmup):
         for n in points:
             measure(n)
@@ -287,7 +308,7 @@ def _measure_curve(
     for round_ in range(repeats):
         for n in points if round_ % 2 == 0 else reversed(points):
             samples[n].append(float(measure(n)))
-    return tuple(_lower_envelope([statistics.median(samples[n]) for n in points]))
+    return tuple(_lower_envelope([min(samples[n]) for n in points]))
 
 
 def _check_curve(

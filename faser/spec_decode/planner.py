@@ -117,8 +117,13 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
                  _margin(limits, deadlines, gains, time_s), time_s)
     best_len = 0
     for length, (p, t, i) in enumerate(order, start=1):
-        if best.margin >= 1.0 and (n + gained + remaining) <= best.goodput * step.decode_total():
-            break  # times only grow: not even every remaining token at today's cost would win
+        # times only grow once a draft token is in (the first one may switch the target's price
+        # from a plain decode's to a verification's, which need not be dearer): not even every
+        # remaining token at today's cost would win
+        grown = step.rows > step.num_requests
+        bound = (n + gained + remaining) <= best.goodput * step.decode_total()
+        if grown and best.margin >= 1.0 and bound:
+            break
         step.add(t, i)
         gains[i] += p
         gained += p
@@ -139,15 +144,16 @@ class _Step:
     """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
     over the requests with k_i > j (the first over every token their drafts still have to read,
     priced as that many one-token rows); the target verifies every request's k_i + 1 rows and the
-    prefill in one forward; `prefill_s` is what the prefill adds to the step at k = 0."""
+    prefill in one forward (a plain decode's while no draft token is in it); `prefill_s` is what
+    the prefill adds to the step at k = 0."""
 
     __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill",
-                 "prefill_s", "rows")
+                 "num_requests", "prefill_s", "rows")
 
     def copy(self) -> _Step:
-        twin = _Step(self.cost, self.rows, self.num_prefill, self.drafted, self.lags)
+        twin = _Step(self.cost, self.num_requests, self.num_prefill, self.drafted, self.lags)
         twin.draft_batches, twin.draft_s = list(self.draft_batches), self.draft_s
-        twin.prefill_s = self.prefill_s
+        twin.rows = self.rows
         return twin
 
     def __init__(
@@ -155,13 +161,14 @@ class _Step:
         lags: Sequence[float] = (),
     ) -> None:
         self.cost, self.drafted, self.lags = cost, drafted, lags
-        self.rows, self.num_prefill = num_requests, max(0, num_prefill)
+        self.num_requests, self.num_prefill = num_requests, max(0, num_prefill)
+        self.rows = num_requests
         self.draft_batches: list[float] = []
         self.draft_s = 0.0
         self.prefill_s = 0.0
         if self.num_prefill:
-            alone = cost.verify_time(num_requests)
-            self.prefill_s = cost.verify_time(num_requests, self.num_prefill) - alone
+            alone = cost.verify_time(num_requests, speculative=False)
+            self.prefill_s = cost.verify_time(num_requests, self.num_prefill, False) - alone
 
     def add(self, position: int, request: int) -> None:
         if position == len(self.draft_batches):
@@ -174,7 +181,8 @@ class _Step:
         self.rows += 1
 
     def total(self) -> float:
-        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill)
+        speculative = self.rows > self.num_requests
+        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill, speculative)
 
     def decode_total(self) -> float:
         return self.total() - self.prefill_s

@@ -283,6 +283,7 @@ class Speculator:
             cluster_load=self._cluster_load,
             policy=name,
             target_scale=self.cost.target_scale if self.cost else None,
+            decode_scale=self.cost.decode_scale if self.cost else None,
             draft_scale=self.cost.draft_scale if self.cost else None,
             **slo,
         )

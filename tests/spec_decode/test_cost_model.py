@@ -19,6 +19,7 @@ from faser.spec_decode.cost_model import (
     profile_key,
     save_profile,
 )
+from faser.spec_decode.planner import choose_k
 from tests.spec_decode.spec_profiles import linear, roofline
 
 
@@ -99,7 +100,7 @@ def test_knee_is_looked_for_within_the_profile_only():
     assert CostProfile((1, 2, 4), (1.0, 1.1, 1.6)).knee() == 2.0
 
 
-def test_profile_takes_medians_after_warmup_and_never_decreases():
+def test_profile_takes_the_least_after_warmup_and_never_decreases():
     calls = []
     # warmup (1, 2), then three rounds: (1, 2), (2, 1), (1, 2)
     noise = iter([9.0, 9.0] + [1.0, 0.9] + [0.8, 5.0] + [1.2, 5.0])
@@ -110,8 +111,9 @@ def test_profile_takes_medians_after_warmup_and_never_decreases():
 
     cost = profile(measure, None, points=(1, 2), repeats=3, warmup=1, key="k")
     assert calls == [1, 2, 1, 2, 2, 1, 1, 2]
-    # medians 1.2 and 0.9; a bigger forward never costs less, so the lower envelope holds 0.9
-    assert cost.target_times == (0.9, 0.9)
+    # the least are 1.0 and 0.8 (noise only slows a forward down; medians would be 1.2 and 0.9);
+    # a bigger forward never costs less, so the lower envelope holds 0.8
+    assert cost.target_times == (0.8, 0.8)
     assert cost.draft_points == () and cost.key == "k"
 
 
@@ -224,26 +226,48 @@ def test_a_step_costs_its_draft_forwards_its_verification_and_the_corrections():
     drafts = 2 * curve.draft_time(2) + curve.draft_time(1)
     assert _drafts(curve, [3, 2, 0]) == pytest.approx(drafts)
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(drafts + curve.target_time(12))
-    cost.target_scale, cost.draft_scale = 1.2, 1.5
+    cost.target_scale, cost.draft_scale, cost.decode_scale = 1.2, 1.5, 0.9
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(
         1.5 * drafts + 1.2 * curve.target_time(12)
     )
     assert cost.verify_time(8, 4) == pytest.approx(1.2 * curve.target_time(12))
+    assert cost.verify_time(8, 4, speculative=False) == pytest.approx(0.9 * curve.target_time(12))
     assert cost.draft_time(2) == pytest.approx(1.5 * curve.draft_time(2))
-    assert cost.step_time(2, []) == pytest.approx(1.2 * curve.target_time(2))
+    # a step that verifies no draft token is a plain decode
+    assert cost.step_time(2, []) == pytest.approx(0.9 * curve.target_time(2))
+    assert cost.step_time(2, [0, 0], 4) == pytest.approx(0.9 * curve.target_time(6))
 
 
 def test_the_corrections_learn_what_served_steps_add_to_the_profile():
-    """Served steps attend over long contexts and sample: verification 1.3 times and drafting
-    1.5 times as slow as the profile says."""
+    """Served steps attend over long contexts and sample: verification 1.3 times, a plain decode
+    1.1 times and drafting 1.5 times as slow as the profile says."""
     curve = roofline()
     cost = CostModel(curve)
-    for ks in ([2, 1], [4, 4], [3, 0], [0, 0]):
-        rows = 2 + sum(ks)
+    for ks in ([2, 1], [4, 4], [3, 0], [0, 0], [0, 1]):
+        rows, scale = 2 + sum(ks), 1.3 if any(ks) else 1.1
         for _ in range(2):
-            cost.observe(2, ks, 1.5 * _drafts(curve, ks), 1.3 * curve.target_time(rows))
+            cost.observe(2, ks, 1.5 * _drafts(curve, ks), scale * curve.target_time(rows))
     assert cost.target_scale == pytest.approx(1.3)
+    assert cost.decode_scale == pytest.approx(1.1)
     assert cost.draft_scale == pytest.approx(1.5)
+
+
+def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
+    """Four requests at k = 1 whose verification costs 1.6 times the profile's forward: what
+    that teaches says nothing of their plain decode step, which keeps the profile's price, and
+    the planner keeps k = 0 where a single scale learned from those steps had it draft."""
+    curve = linear(fixed_s=0.006, per_token_s=0.0005, draft_s=0.0003)
+    cost = CostModel(curve)
+    for _ in range(50):
+        cost.observe(4, [1] * 4, _drafts(curve, [1] * 4), 1.6 * curve.target_time(8))
+    assert cost.target_scale == pytest.approx(1.6)
+    assert cost.decode_scale == 1.0
+    assert cost.step_time(4, [0] * 4) == pytest.approx(curve.target_time(4))
+    acceptance = [[0.45]] * 4
+    assert choose_k(acceptance, cost).ks == (0, 0, 0, 0)
+    one_scale = CostModel(curve)
+    one_scale.target_scale = one_scale.decode_scale = 1.6
+    assert choose_k(acceptance, one_scale).ks == (1, 1, 1, 1)
 
 
 def test_the_draft_scale_follows_a_drifting_draft():
@@ -272,7 +296,7 @@ def test_a_step_without_drafts_leaves_the_draft_scale_alone():
     cost = CostModel(roofline())
     for _ in range(3):
         cost.observe(2, [0, 0], 0.0, cost.profile.target_time(2))
-    assert cost.draft_scale == 1.0 and cost.num_observed == 2
+    assert cost.draft_scale == 1.0 and cost.num_decodes == 2 and cost.num_observed == 0
 
 
 def test_a_slow_step_moves_a_settled_scale_little_and_a_fast_one_much():
@@ -281,6 +305,6 @@ def test_a_slow_step_moves_a_settled_scale_little_and_a_fast_one_much():
     for _ in range(100):
         cost.observe(1, [0], 0.0, cost.profile.target_time(1))
     cost.observe(1, [0], 0.0, 3 * cost.profile.target_time(1))
-    assert cost.target_scale < 1.1
+    assert cost.decode_scale < 1.1
     cost.observe(1, [0], 0.0, 0.5 * cost.profile.target_time(1))
-    assert cost.target_scale < 0.95
+    assert cost.decode_scale < 0.95

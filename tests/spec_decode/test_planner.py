@@ -31,7 +31,7 @@ PROFILES = [
 def free_drafting(cost: CostModel) -> CostModel:
     """The same target and correction with no draft profile: drafting costs nothing."""
     out = CostModel(dataclasses.replace(cost.profile, draft_points=(), draft_times=()))
-    out.target_scale = cost.target_scale
+    out.target_scale, out.decode_scale = cost.target_scale, cost.decode_scale
     return out
 
 
@@ -60,7 +60,8 @@ def brute_force(acceptance, cost, num_prefill=0, limits=NO_LIMITS, drafted=False
 
 def prefill_time(cost, num_requests, num_prefill):
     """What a step's prefill adds to it at k = 0: no part of the drafts' price."""
-    return cost.verify_time(num_requests, num_prefill) - cost.verify_time(num_requests)
+    plain = cost.verify_time(num_requests, speculative=False)
+    return cost.verify_time(num_requests, num_prefill, speculative=False) - plain
 
 
 def random_case(rng, max_requests=4, max_k=4, constant=False):
