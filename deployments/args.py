@@ -82,6 +82,9 @@ class AppArgs(BaseModel):
     # a stream's tokens go out at most this often (its first token and its end at once); 0: every
     # step. Each chunk costs every hop to the client CPU time that the engine's threads wait for.
     stream_interval_ms: float = Field(default=50.0, ge=0)
+    # and all of a replica's streams together at most this many chunks a second (0: no cap): at
+    # 16 streams each then gets a chunk every 250 ms
+    stream_deltas_per_s: float = Field(default=64.0, ge=0)
 
     # access: Bearer keys (None: the FASER_API_KEYS environment variable; none: open) and the
     # largest request body accepted

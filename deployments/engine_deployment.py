@@ -35,7 +35,8 @@ class FaserEngine:
             return engine
 
         interval_s = app_args.stream_interval_ms / 1e3
-        self.async_engine = AsyncLLMEngine(build, stream_interval_s=interval_s)
+        self.async_engine = AsyncLLMEngine(build, stream_interval_s=interval_s,
+                                           stream_deltas_per_s=app_args.stream_deltas_per_s)
         self.engine = engine = self.async_engine.engine
         self.target_load = app_args.target_load
         self.served_model_name = app_args.served_model_name or engine.model_name

@@ -7,8 +7,10 @@ stream that is closed or cancelled before its request finishes aborts the reques
 its KV blocks before the next step.
 
 A request's outputs reach its stream at most once per `stream_interval_s` (its first token and
-its end at once): each hand-off costs every hop to the client (a Ray message, an SSE chunk) CPU
-that, on a small CPU host, the step's own threads wait for; the stream merges what was held.
+its end at once), and less often while so many streams are open that together they would be
+handed more than `stream_deltas_per_s` outputs a second: each hand-off costs every hop to the
+client (a Ray message, an SSE chunk) CPU that, on a small CPU host, the step's own threads wait
+for, and that cost grows with the streams, not with the step. The stream merges what was held.
 
 The engine is built, prepared and stepped on that one thread because OpenMP's runtime (libgomp)
 gives every thread that runs a parallel region its own worker pool, and once a process holds
@@ -114,10 +116,15 @@ class AsyncLLMEngine:
     raises what `build` raised)."""
 
     def __init__(
-        self, build: Callable[[], Any], idle_wait_s: float = 0.05, stream_interval_s: float = 0.0
+        self,
+        build: Callable[[], Any],
+        idle_wait_s: float = 0.05,
+        stream_interval_s: float = 0.0,
+        stream_deltas_per_s: float = 0.0,  # 0: no cap
     ) -> None:
         self.idle_wait_s = idle_wait_s
         self.stream_interval_s = stream_interval_s
+        self.stream_deltas_per_s = stream_deltas_per_s
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}
         self._wakeup = threading.Event()
@@ -239,7 +246,7 @@ class AsyncLLMEngine:
                 logger.exception("engine command failed")
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        now = time.monotonic()
+        now, interval = time.monotonic(), self._interval()
         for output in outputs:
             stream = self._streams.get(output.request_id)
             if stream is None:  # aborted while the step ran
@@ -253,7 +260,13 @@ class AsyncLLMEngine:
             if stream.held and now >= stream.due:
                 _deliver(stream, stream.held)
                 stream.held = []
-                stream.due = now + self.stream_interval_s
+                stream.due = now + interval
+
+    def _interval(self) -> float:
+        """A stream's pause between hand-offs, the open streams sharing the hand-off budget."""
+        if self.stream_deltas_per_s <= 0:
+            return self.stream_interval_s
+        return max(self.stream_interval_s, len(self._streams) / self.stream_deltas_per_s)
 
     def _fail_all(self, exc: Exception) -> None:
         for request_id, stream in list(self._streams.items()):

@@ -128,6 +128,32 @@ def test_a_paced_stream_sends_its_first_token_at_once_and_the_rest_when_due(tiny
     assert plain[-1].token_ids == outputs[-1].token_ids
 
 
+def test_open_streams_share_a_budget_of_hand_offs(tiny_pair):
+    """With no interval of its own but a budget of two hand-offs a minute for the replica, two
+    open streams each get their first token at once and the rest with the end (a minute apart
+    each, were the requests that long)."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          max_num_seqs=4, num_threads=1)
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+    async def both(engine):
+        return await asyncio.gather(
+            collect(engine, "a", [3, 4, 5, 6], greedy, {"policy": "off"}),
+            collect(engine, "b", [7, 8, 9], greedy, {"policy": "off"}),
+        )
+
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01,
+                            stream_deltas_per_s=2 / 60)
+    try:
+        streams = asyncio.run(both(engine))
+    finally:
+        engine.shutdown()
+    for outputs in streams:
+        assert [len(o.new_token_ids) for o in outputs] == [1, 11]
+        assert sum((o.new_token_ids for o in outputs), []) == outputs[-1].token_ids
+
+
 def test_building_the_engine_fails_in_the_constructor(tiny_pair):
     def broken():
         raise RuntimeError("no such model")
