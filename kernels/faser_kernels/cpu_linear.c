@@ -11,9 +11,20 @@
  * Each panel is multiplied with up to MAX_ROWS rows at a time, all held in registers. An int8
  * weight is widened to bf16 in registers (every int8 is exact in bf16) and its scale applied
  * once per output, after the sum, so the sum walks k as the bf16 kernel's does.
+ *
+ * Where the CPU has AMX (and K is a multiple of 32), a bf16 weight is multiplied on the tiles
+ * instead: vdpbf16ps issues at most once a cycle there, so each row beyond the first would cost
+ * the step compute, while a tile product takes 16 rows for the price of one. The tiles read the
+ * same panels (a panel's k-pair rows are two B tiles side by side). Every call on such a CPU
+ * takes the tiles, always with 16-row tiles (the rows past M are zeros), so an output's bits
+ * still depend only on its own row.
  */
 #include <immintrin.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cpuid.h>
+#include <sys/syscall.h>
 
 #define PANEL 32
 #define MAX_ROWS 12
@@ -127,9 +138,115 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
     default: fn(a, p, m0, 12); break;                                                              \
     }
 
+/* -- AMX: bf16 weights on the tiles ------------------------------------------------------------ */
+
+#define TILE_ROWS 16
+#define TILE_K 32 /* bf16 per tile row: 64 bytes */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+long syscall(long number, ...);
+
+/* Whether this process may use AMX: the CPU has it and Linux grants the tile state. */
+static int amx_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        unsigned int eax, ebx, ecx, edx;
+        int has = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1) &&
+                  (edx >> 24 & 1);
+        enabled = has && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return enabled;
+}
+
+int faser_linear_uses_amx(void) { return amx_enabled(); }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* tmm0-3: four accumulators (two panels' halves), tmm4: the rows, tmm5-7: weights; all 16 x 64
+ * bytes. */
+__attribute__((target("amx-tile"))) static void configure_tiles(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = TILE_ROWS;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
+                                                                    const uint16_t *x, long p,
+                                                                    int two, long m0) {
+    const long stride = a->k * 2, panel = a->k * PANEL * 2; /* bytes */
+    const char *w = (const char *)a->w + p * panel;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
+        const char *b = w + k0 / 2 * PANEL * 4; /* 16 k-pair rows of 128 bytes */
+        _tile_loadd(4, x + k0, stride);
+        _tile_loadd(5, b, 4 * PANEL);
+        _tile_loadd(6, b + 2 * PANEL, 4 * PANEL);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        if (two) {
+            _tile_loadd(7, b + panel, 4 * PANEL);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, b + panel + 2 * PANEL, 4 * PANEL);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    float c[4][TILE_ROWS][16] __attribute__((aligned(64)));
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (two) {
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+    }
+    long rows = a->m - m0 < TILE_ROWS ? a->m - m0 : TILE_ROWS;
+    for (int q = 0; q < (two ? 2 : 1); q++)
+        for (long i = 0; i < rows; i++)
+            store_panel(a, m0 + i, (p + q) * PANEL, _mm512_load_ps(c[2 * q][i]),
+                        _mm512_load_ps(c[2 * q + 1][i]), 1);
+}
+
+/* x padded with zero rows to a multiple of TILE_ROWS (so tile loads never read past it). */
+__attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a) {
+    long rows = (a->m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    uint16_t *x = aligned_alloc(64, (rows * a->k * 2 + 63) / 64 * 64);
+    if (!x) abort();
+    memcpy(x, a->x, a->m * a->k * 2);
+    memset(x + a->m * a->k, 0, (rows - a->m) * a->k * 2);
+    long num_pairs = ((a->n + PANEL - 1) / PANEL + 1) / 2;
+#pragma omp parallel
+    {
+        configure_tiles();
+#pragma omp for schedule(static)
+        for (long g = 0; g < num_pairs; g++) {
+            int two = (2 * g + 1) * PANEL < a->n;
+            for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
+                amx_panels(a, x + m0 * a->k, 2 * g, two, m0);
+        }
+        _tile_release();
+    }
+    free(x);
+}
+
 enum { F32, BF16, I8 };
 
 static void run(const Linear *a, int format) {
+    if (format == BF16 && a->k % TILE_K == 0 && amx_enabled()) {
+        run_amx(a);
+        return;
+    }
     long num_panels = (a->n + PANEL - 1) / PANEL;
 #pragma omp parallel for schedule(static)
     for (long p = 0; p < num_panels; p++) {

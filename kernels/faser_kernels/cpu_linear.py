@@ -3,6 +3,7 @@
 Row m of an M-row call has the bits of a one-row call, for any M: each output is one fp32
 accumulator over k in a fixed order. The weight is packed once into the kernel's panels, which
 it streams once per call whatever M is, so verifying k + 1 positions costs about one decode.
+Where the CPU has AMX, bf16 weights are multiplied on its tiles (cpu_linear.c says why).
 A draft's weights may be packed in int8 with a scale per output (`pack_weight(w, int8=True)`):
 half the bytes of bf16 to stream, for bf16 inputs; never the target's, whose output must be exact.
 
@@ -42,6 +43,12 @@ class PackedWeight:
 def unavailable_reason(dtype: torch.dtype) -> str | None:
     """None where the kernel runs for `dtype` on this CPU; else why it cannot."""
     return cpu_build.unavailable_reason("cpu_linear.c", dtype)
+
+
+def uses_amx() -> bool:
+    """Whether bf16 weights are multiplied on AMX tiles here (the CPU has them and Linux grants
+    this process their state); else on AVX-512 registers. Either way rows stay invariant."""
+    return unavailable_reason(torch.bfloat16) is None and bool(_library().faser_linear_uses_amx())
 
 
 def pack_weight(weight: torch.Tensor, int8: bool = False) -> PackedWeight:  # [n, k] -> panels
@@ -120,4 +127,6 @@ def _library() -> ctypes.CDLL:
         getattr(lib, name).restype = None
     lib.faser_linear_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3
     lib.faser_linear_i8.restype = None
+    lib.faser_linear_uses_amx.argtypes = []
+    lib.faser_linear_uses_amx.restype = ctypes.c_int
     return lib

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from faser_kernels import cpu_linear
+from faser_kernels import cpu_build, cpu_linear
 
 DTYPES = [torch.float32, torch.bfloat16]
 # (out, in): ragged panels and k tails, and SmolLM2-135M's projections and a slice of its head
@@ -46,6 +46,11 @@ def test_every_row_has_the_bits_of_a_one_row_call(dtype, n, k):
     alone = torch.cat([cpu_linear.linear(x[i : i + 1], packed) for i in range(40)])
     for m in (2, 3, 5, 12, 13, 16, 17, 25, 40):
         assert torch.equal(cpu_linear.linear(x[:m], packed), alone[:m]), m
+
+
+def test_bf16_takes_the_amx_tiles_where_the_cpu_has_them(bf16):
+    """So that on such a CPU the tests above check the tile path's rows."""
+    assert cpu_linear.uses_amx() == ("amx_bf16" in cpu_build.cpu_flags())
 
 
 def test_a_mismatched_input_is_named(dtype):
