@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cpuid.h>
+#include <omp.h>
 #include <sys/syscall.h>
 
 #define PANEL 32
@@ -225,16 +226,16 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
     if (!x) abort();
     memcpy(x, a->x, a->m * a->k * 2);
     memset(x + a->m * a->k, 0, (rows - a->m) * a->k * 2);
-    long num_pairs = ((a->n + PANEL - 1) / PANEL + 1) / 2;
+    long num_panels = (a->n + PANEL - 1) / PANEL;
 #pragma omp parallel
     {
+        /* each thread an even share of panels, taken two at a time (a last one alone) */
+        long t = omp_get_thread_num(), num_threads = omp_get_num_threads();
+        long end = num_panels * (t + 1) / num_threads;
         configure_tiles();
-#pragma omp for schedule(static)
-        for (long g = 0; g < num_pairs; g++) {
-            int two = (2 * g + 1) * PANEL < a->n;
+        for (long p = num_panels * t / num_threads; p < end; p += 2)
             for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
-                amx_panels(a, x + m0 * a->k, 2 * g, two, m0);
-        }
+                amx_panels(a, x + m0 * a->k, p, p + 1 < end, m0);
         _tile_release();
     }
     free(x);
