@@ -13,11 +13,11 @@
  * once per output, after the sum, so the sum walks k as the bf16 kernel's does.
  *
  * Where the CPU has AMX (and K is a multiple of 32), a bf16 weight is multiplied on the tiles
- * instead: vdpbf16ps issues at most once a cycle there, so each row beyond the first would cost
- * the step compute, while a tile product takes 16 rows for the price of one. The tiles read the
- * same panels (a panel's k-pair rows are two B tiles side by side). Every call on such a CPU
- * takes the tiles, always with 16-row tiles (the rows past M are zeros), so an output's bits
- * still depend only on its own row.
+ * instead: there (Intel's Xeons) the vector dot products are slow enough that each row beyond
+ * the first costs the step compute, while a tile product takes 16 rows for the price of one.
+ * The tiles read the same panels (a panel's k-pair rows are two B tiles side by side). Every
+ * call on such a CPU takes the tiles, always with 16-row tiles (the rows past M are zeros), so
+ * an output's bits still depend only on its own row.
  */
 #include <immintrin.h>
 #include <stdint.h>
