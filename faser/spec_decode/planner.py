@@ -120,9 +120,8 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
         # times only grow once a draft token is in (the first one may switch the target's price
         # from a plain decode's to a verification's, which need not be dearer): not even every
         # remaining token at today's cost would win
-        grown = step.rows > step.num_requests
         bound = (n + gained + remaining) <= best.goodput * step.decode_total()
-        if grown and best.margin >= 1.0 and bound:
+        if step.speculative and best.margin >= 1.0 and bound:
             break
         step.add(t, i)
         gains[i] += p
@@ -180,9 +179,13 @@ class _Step:
         self.draft_batches[position] = b + fed
         self.rows += 1
 
+    @property
+    def speculative(self) -> bool:
+        """Whether a draft token is in the step (the target then verifies, not decodes)."""
+        return self.rows > self.num_requests
+
     def total(self) -> float:
-        speculative = self.rows > self.num_requests
-        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill, speculative)
+        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill, self.speculative)
 
     def decode_total(self) -> float:
         return self.total() - self.prefill_s
