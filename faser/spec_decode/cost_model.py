@@ -10,7 +10,10 @@ profile's bare short-context forwards do not: `CostModel` scales each curve by w
 steps' own phases measured (drafting; the target's forward in a step that verifies drafts, and in
 one that does not), from the steps that ran without a prefill chunk. A shape's first step is
 left out: a kernel's first call at a size plans and allocates, and that one step priced draft
-tokens so dear that speculation stopped for good.
+tokens so dear that speculation stopped for good. So is a step over STALL times its phases'
+estimates (a page-fault storm, a burst of the host's other work): priced, a few such steps at a
+replica's start set the scales a hundredfold, and only speculative steps, which then never ran
+again, would have brought them back.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ KNEE_GROWTH = math.sqrt(2.0)
 # weights of the newest step in the corrections: timing noise only ever slows a step down, so they
 # fall fast and rise slowly, following a step's quick end as the profile's lower envelope does
 CORRECTION_DOWN, CORRECTION_UP = 0.2, 0.02
+# a step this many times slower than the corrections predict stalled: it teaches them nothing
+STALL = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +160,16 @@ class CostModel:
             return
         ratio = verify_s / self.profile.target_time(rows)
         if not any(ks):
-            self.num_decodes += 1
-            self.decode_scale = _follow(self.decode_scale, ratio, self.num_decodes)
+            if ratio < STALL * self.decode_scale:
+                self.num_decodes += 1
+                self.decode_scale = _follow(self.decode_scale, ratio, self.num_decodes)
+            return
+        bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
+        draft_stalled = bare > 0 and draft_s >= STALL * self.draft_scale * bare
+        if draft_stalled or ratio >= STALL * self.target_scale:
             return
         self.num_observed += 1
         self.target_scale = _follow(self.target_scale, ratio, self.num_observed)
-        bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
         if bare > 0:
             self.num_drafted += 1
             self.draft_scale = _follow(self.draft_scale, draft_s / bare, self.num_drafted)

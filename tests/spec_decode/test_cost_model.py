@@ -308,3 +308,21 @@ def test_a_slow_step_moves_a_settled_scale_little_and_a_fast_one_much():
     assert cost.decode_scale < 1.1
     cost.observe(1, [0], 0.0, 0.5 * cost.profile.target_time(1))
     assert cost.decode_scale < 0.95
+
+
+def test_a_stalled_step_teaches_the_corrections_nothing():
+    """A replica's first steps once took seconds (the host stalled): priced, they set the scales
+    a hundredfold and speculation, the only thing that measures them again, never ran again."""
+    curve = roofline()
+    cost = CostModel(curve)
+    for ks in ([2], [2], [0], [0]):
+        cost.observe(1, ks, 1.6 * _drafts(curve, ks), 1.3 * curve.target_time(1 + sum(ks)))
+    settled = (cost.target_scale, cost.draft_scale, cost.decode_scale)
+    assert settled == pytest.approx((1.3, 1.6, 1.3))
+    cost.observe(1, [2], 300 * _drafts(curve, [2]), curve.target_time(3))  # the draft stalled
+    cost.observe(1, [2], _drafts(curve, [2]), 300 * curve.target_time(3))  # the target did
+    cost.observe(1, [0], 0.0, 100 * curve.target_time(1))
+    assert (cost.target_scale, cost.draft_scale, cost.decode_scale) == settled
+    assert choose_k([[0.8, 0.8]], cost).ks == (2,)
+    cost.observe(1, [2], 3 * _drafts(curve, [2]), 2 * curve.target_time(3))  # slower, not stalled
+    assert cost.target_scale > settled[0] and cost.draft_scale > settled[1]
