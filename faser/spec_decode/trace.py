@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-from faser.config import SpecConfig
-
 
 class DecisionTrace:
     """Appends to `path`; a no-op when `path` is None."""
@@ -19,10 +17,6 @@ class DecisionTrace:
         self.path = Path(path) if path is not None else None
         self._file: IO[str] | None = None
         self._lock = threading.Lock()  # the async engine and metrics may record from two threads
-
-    @classmethod
-    def from_config(cls, config: SpecConfig) -> DecisionTrace:
-        return cls(config.trace_path)
 
     @property
     def enabled(self) -> bool:
@@ -41,9 +35,8 @@ class DecisionTrace:
         measured_time_s: float | None = None,
         **extra: object,
     ) -> None:
-        """One step: the mode, k per request, the frontier size (None: one frontier), the expected
-        accepted tokens per request against those accepted, the predicted step time against the
-        measured one, and anything else worth keeping (pressure, cluster load, notes)."""
+        """One step: its mode, k per request and frontier size (None: one), the predicted accepted
+        tokens and step time beside the realised ones, and any `extra` fields."""
         if self.path is None:
             return
         line = {
