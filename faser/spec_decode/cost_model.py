@@ -53,13 +53,11 @@ class CostProfile:
         _check_curve("draft", self.draft_points, self.draft_times, allow_empty=True)
 
     def target_time(self, num_tokens: float) -> float:
-        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens."""
         if num_tokens <= 0:
             return 0.0
         return _interpolate(self.target_points, self.target_times, num_tokens)
 
     def draft_time(self, batch_size: float) -> float:
-        """Seconds of one draft step over `batch_size` sequences; 0 for none."""
         if batch_size <= 0 or not self.draft_points:
             return 0.0
         return _interpolate(self.draft_points, self.draft_times, batch_size)
@@ -76,8 +74,7 @@ class CostProfile:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "version": PROFILE_VERSION,
-            "key": self.key,
+            "version": PROFILE_VERSION, "key": self.key,
             "target": {"num_tokens": list(self.target_points), "seconds": list(self.target_times)},
             "draft": {"batch_size": list(self.draft_points), "seconds": list(self.draft_times)},
         }
@@ -119,8 +116,8 @@ class CostModel:
     def verify_time(
         self, num_rows: float, num_prefill_tokens: int = 0, speculative: bool = True
     ) -> float:
-        """The target's forward over `num_rows` decode rows and a prefill; `speculative`: some of
-        the rows are draft tokens to verify."""
+        """The target's forward over decode rows and a prefill; `speculative`: some rows are
+        draft tokens."""
         scale = self.target_scale if speculative else self.decode_scale
         return scale * self.profile.target_time(num_rows + num_prefill_tokens)
 
@@ -129,11 +126,10 @@ class CostModel:
         draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
         return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens, any(ks))
 
-    def observe(
-        self, num_requests: int, ks: Sequence[int], draft_s: float, verify_s: float
-    ) -> None:
+    def observe(self, num_requests: int, ks: Sequence[int], draft_s: float,
+                verify_s: float) -> None:
         """A decode-only sequential step that drafted `ks` in `draft_s` and verified them in
-        `verify_s`. A shape's first step is left out (see the module docstring)."""
+        `verify_s`; a shape's first step is left out (see the module docstring)."""
         rows = num_requests + sum(ks)
         shape = (rows, max(ks, default=0))
         if rows < 1 or shape not in self._warm:

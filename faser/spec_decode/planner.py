@@ -21,6 +21,7 @@ import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 from typing import NamedTuple
 
@@ -53,13 +54,8 @@ def survival(acceptance: Sequence[float]) -> list[float]:
 
 
 def choose_k(
-    acceptance: Sequence[Sequence[float]],
-    cost: CostModel,
-    num_prefill_tokens: int = 0,
-    limits: Limits = NO_LIMITS,
-    *,
-    drafted: bool = False,
-    draft_lags: Sequence[float] = (),
+    acceptance: Sequence[Sequence[float]], cost: CostModel, num_prefill_tokens: int = 0,
+    limits: Limits = NO_LIMITS, *, drafted: bool = False, draft_lags: Sequence[float] = (),
 ) -> Choice:
     """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
     (trimming), so only their verification costs. `draft_lags[i]`: the draft rows request i's
@@ -72,17 +68,14 @@ def choose_k(
         raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
     candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
     orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]
-    base = _Step(cost, n, num_prefill_tokens, drafted, draft_lags)
+    fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, draft_lags)
+    base = fresh()
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
     if deadlines:
         tightness = {i: d for i, d in deadlines}
         orders.append(sorted(candidates, key=lambda c: (tightness.get(c[2], math.inf), -c[0])))
     budget = len(candidates) if limits.token_budget is None else max(0, limits.token_budget)
-    walks = [
-        _walk(order[:budget], probs, _Step(cost, n, num_prefill_tokens, drafted, draft_lags),
-              limits, deadlines)
-        for order in orders
-    ]
+    walks = [_walk(order[:budget], probs, fresh(), limits, deadlines) for order in orders]
     best = max(walks, key=lambda w: (w.margin >= 1.0, w.goodput if w.margin >= 1.0 else w.margin))
     ks = [0] * n
     for _, _, i in best.taken:

@@ -261,27 +261,21 @@ class Speculator:
             return
         name = self.config.policy if self.config.policy in groups else next(iter(groups))
         plan = groups[name].plan
-        choice = plan.choice
+        choice, cost = plan.choice, self.cost
         slo = {}
         if limits != NO_LIMITS:
-            slo = {
-                "slo_max_step_time_s": limits.max_step_time_s,
-                "slo_tpot_deadlines_s": limits.tpot_deadlines_s,
-                "slo_met_predicted": choice.meets_limits if choice else None,
-            }
+            slo = {"slo_max_step_time_s": limits.max_step_time_s,
+                   "slo_tpot_deadlines_s": limits.tpot_deadlines_s,
+                   "slo_met_predicted": choice.meets_limits if choice else None}
         self.trace.record(
             self.num_steps, plan.mode, ks, frontier,
             predicted_accepted=list(choice.expected_accepted) if choice else None,
             realised_accepted=[v.num_accepted for v in verdicts],
             predicted_time_s=choice.step_time_s if choice else None,
-            measured_time_s=elapsed,
-            planned_k=list(plan.max_k),
-            cluster_load=self._cluster_load,
-            policy=name,
-            target_scale=self.cost.target_scale if self.cost else None,
-            decode_scale=self.cost.decode_scale if self.cost else None,
-            draft_scale=self.cost.draft_scale if self.cost else None,
-            **slo,
+            measured_time_s=elapsed, planned_k=list(plan.max_k), cluster_load=self._cluster_load,
+            policy=name, target_scale=cost.target_scale if cost else None,
+            decode_scale=cost.decode_scale if cost else None,
+            draft_scale=cost.draft_scale if cost else None, **slo,
         )
 
 

@@ -23,16 +23,9 @@ class DecisionTrace:
         return self.path is not None
 
     def record(
-        self,
-        step: int,
-        mode: str,
-        ks: list[int],
-        frontier_size: int | None = None,
-        *,
-        predicted_accepted: list[float] | None = None,
-        realised_accepted: list[int] | None = None,
-        predicted_time_s: float | None = None,
-        measured_time_s: float | None = None,
+        self, step: int, mode: str, ks: list[int], frontier_size: int | None = None, *,
+        predicted_accepted: list[float] | None = None, realised_accepted: list[int] | None = None,
+        predicted_time_s: float | None = None, measured_time_s: float | None = None,
         **extra: object,
     ) -> None:
         """One step: its mode, k per request and frontier size (None: one), the predicted accepted
@@ -40,16 +33,10 @@ class DecisionTrace:
         if self.path is None:
             return
         line = {
-            "time": time.time(),
-            "step": step,
-            "mode": mode,
-            "k": list(ks),
-            "frontier_size": frontier_size,
-            "predicted_accepted": predicted_accepted,
-            "realised_accepted": realised_accepted,
-            "predicted_time_s": predicted_time_s,
-            "measured_time_s": measured_time_s,
-            **extra,
+            "time": time.time(), "step": step, "mode": mode, "k": list(ks),
+            "frontier_size": frontier_size, "predicted_accepted": predicted_accepted,
+            "realised_accepted": realised_accepted, "predicted_time_s": predicted_time_s,
+            "measured_time_s": measured_time_s, **extra,
         }
         text = json.dumps(line, default=str)
         with self._lock:
