@@ -150,12 +150,9 @@ class OverlapStep:
     def _item(self, r: _Request, size: int) -> FrontierItem:
         draft = r.line.tokens[: r.k]
         checks = frontier_checks(len(draft), r.offset, size)
-        q = None
-        if not r.seq.params.greedy:
-            q = torch.stack(r.line.probs[: len(draft)]) if draft else None
-            u = torch.rand(checks + 1, generator=r.seq.generator)
-        else:
-            u = torch.zeros(checks + 1)
+        greedy = r.seq.params.greedy
+        q = torch.stack(r.line.probs[: len(draft)]) if draft and not greedy else None
+        u = torch.zeros(checks + 1) if greedy else torch.rand(checks + 1, generator=r.seq.generator)
         return FrontierItem(r.seq, draft, q, r.start, r.offset, size, (u[:checks], u[checks:]),
                             r.verdict)
 
