@@ -245,12 +245,10 @@ def load_or_profile(
 def _measure_curve(
     measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
 ) -> tuple[float, ...]:
-    """The least per point of `repeats` rounds over all points, after `warmup` discarded ones,
-    then the lower envelope from the right, since a bigger forward never costs less. Rounds
-    alternate direction and interleave the points, so that a neighbour's load on a shared machine
-    does not show up as a cost of size; the least, not the median, since noise only slows a
-    forward down (a median priced the small forwards at a busy machine's cost and made drafting
-    look nearly free)."""
+    """The least per point of `repeats` interleaved rounds, after `warmup` discarded ones, then
+    the lower envelope from the right, since a bigger forward never costs less. Interleaved, so
+    that a neighbour's load does not show up as a cost of size; the least, since noise only slows
+    a forward down (a median made drafting look nearly free)."""
     for _ in range(warmup):
         for n in points:
             measure(n)

@@ -127,11 +127,9 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
 
 
 class _Step:
-    """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
-    over the requests with k_i > j (the first over every token their drafts still have to read,
-    priced as that many one-token rows); the target verifies every request's k_i + 1 rows and the
-    prefill in one forward (a plain decode's while no draft token is in it); `prefill_s` is what
-    the prefill adds to the step at k = 0."""
+    """A step's predicted seconds as draft tokens are added: draft forward j runs over the
+    requests with k_i > j (the first also over the tokens their drafts lag behind), then the
+    target verifies every k_i + 1 rows and the prefill in one forward."""
 
     __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill",
                  "num_requests", "prefill_s", "rows")
@@ -176,8 +174,7 @@ def _savable(
     deadlines: Sequence[float | None] | None, probs: list[list[float]], base_time_s: float
 ) -> list[tuple[int, float]]:
     """(request, deadline) of the TPOT deadlines worth keeping: one that not even the request's
-    own full speculation at the step's plainest cost could meet is past saving this step, and
-    holding everyone to it would only slow them all."""
+    full speculation at the plainest step could meet would only slow everyone down."""
     if deadlines is None:
         return []
     return [

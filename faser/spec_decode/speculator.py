@@ -195,11 +195,10 @@ class Speculator:
         return max_k
 
     def _not_drafting(self, decodes, prefills, groups: dict[str, _Group]) -> frozenset[str]:
-        """Requests whose target features are not kept: the decoding ones whose plan is off this
-        step, so that such a step costs what policy `off`'s does, and the prompts of policy
-        `off`. Other prompts keep theirs whatever the plan, since a plan is off far more often
-        than its requests stop drafting, and a draft that reads a prompt without its features
-        guesses worse for the whole request."""
+        """Requests whose target features are not kept: the decoding ones whose plan is off, so
+        that such a step costs what policy `off`'s does, and the prompts of policy `off` (a plan
+        is off far more often than its requests stop drafting, and a draft that reads a prompt
+        without its features guesses worse for the whole request)."""
         off = [s for s in decodes if groups[s.spec_state.policy].plan.mode == "off"]
         off += [s for s, _ in prefills if s.spec_state.policy == "off"]
         return frozenset(s.request_id for s in off)
