@@ -114,7 +114,7 @@ class OverlapStep:
     ) -> tuple[Proposal, list[Verdict], list[int | None]]:
         """`draft_budget`: draft forwards that fit in one target forward (from the cost profile),
         which caps the look-ahead of a tick; None: as many as the frontier has positions."""
-        reqs = [self._request(seq, k, stop) for seq, k in zip(decodes, max_k, strict=True)]
+        reqs = [self._request(seq, k) for seq, k in zip(decodes, max_k, strict=True)]
         size = max(1, frontier_size) if frontier_size else max(max_k, default=0) + 1
         prefill_tokens: list[int | None] = [None] * len(prefills)
         riders = list(prefills)
@@ -134,7 +134,7 @@ class OverlapStep:
 
     # -- planning, at the meeting point -----------------------------------------------------
 
-    def _request(self, seq: SpecRequest, k: int, stop: float | None) -> _Request:
+    def _request(self, seq: SpecRequest, k: int) -> _Request:
         carry = self.carries.get(seq.request_id)
         line = DraftLine(list(seq.token_ids))
         if k > 0 and carry is not None and carry.base == line.base:
