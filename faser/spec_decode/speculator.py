@@ -120,8 +120,8 @@ class Speculator:
         max_k = self._fit(decodes, groups, load.token_budget)
         frontier = self.config.frontier_size or min(
             (g.plan.frontier_size for g in groups.values() if g.plan.frontier_size), default=None)
-        if self.overlap is not None and any(max_k) and any(
-                g.plan.overlap for g in groups.values()):
+        overlapped = any(g.plan.overlap for g in groups.values())
+        if self.overlap is not None and any(max_k) and overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
                 decodes, prefills, max_k, frontier, self._stop(groups), self._reserve,
                 self._draft_budget(decodes, prefills, max_k, frontier),
