@@ -113,9 +113,8 @@ class CostModel:
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
 
-    def verify_time(
-        self, num_rows: float, num_prefill_tokens: int = 0, speculative: bool = True
-    ) -> float:
+    def verify_time(self, num_rows: float, num_prefill_tokens: int = 0,
+                    speculative: bool = True) -> float:
         """The target's forward over decode rows and a prefill; `speculative`: some rows are
         draft tokens."""
         scale = self.target_scale if speculative else self.decode_scale
@@ -155,14 +154,9 @@ def _follow(estimate: float, sample: float, num_samples: int) -> float:
 
 
 def profile(
-    measure_target: Callable[[int], float],
-    measure_draft: Callable[[int], float] | None = None,
-    points: Sequence[int] = TARGET_POINTS,
-    draft_points: Sequence[int] = DRAFT_POINTS,
-    *,
-    repeats: int = 5,
-    warmup: int = 1,
-    key: str = "",
+    measure_target: Callable[[int], float], measure_draft: Callable[[int], float] | None = None,
+    points: Sequence[int] = TARGET_POINTS, draft_points: Sequence[int] = DRAFT_POINTS, *,
+    repeats: int = 5, warmup: int = 1, key: str = "",
 ) -> CostProfile:
     """A profile from `measure_*(n)`, each the seconds of one real forward at size n (see
     `_measure_curve`)."""
@@ -222,13 +216,9 @@ def load_profile(path: Path) -> CostProfile | None:
 
 
 def load_or_profile(
-    key: str,
-    measure_target: Callable[[int], float],
-    measure_draft: Callable[[int], float] | None = None,
-    points: Sequence[int] = TARGET_POINTS,
-    draft_points: Sequence[int] = DRAFT_POINTS,
-    *,
-    cache_dir: str | os.PathLike | None = None,
+    key: str, measure_target: Callable[[int], float],
+    measure_draft: Callable[[int], float] | None = None, points: Sequence[int] = TARGET_POINTS,
+    draft_points: Sequence[int] = DRAFT_POINTS, *, cache_dir: str | os.PathLike | None = None,
     repeats: int = 5,
 ) -> CostProfile:
     """The cached profile for `key` when it covers the requested points, else a fresh one."""
