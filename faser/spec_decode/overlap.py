@@ -50,7 +50,8 @@ class DraftLine:
     def context(self) -> list[int]:
         return self.base + self.tokens
 
-    def append(self, token: int, q: torch.Tensor | None, confidence: float, stop) -> None:
+    def append(self, token: int, q: torch.Tensor | None, confidence: float,
+               stop: float | None) -> None:
         self.tokens.append(token)
         self.probs.append(q)
         self.confidences.append(confidence)
@@ -81,9 +82,7 @@ class _Request:
     start: int  # seq.num_cached when the step began
     verdict: Verdict = field(default_factory=Verdict)
     offset: int = 0  # the next frontier feeds x[offset : offset + size]
-    drafted: list[int] = field(default_factory=list)  # the drafts it was verified against
-    drafted_probs: list[torch.Tensor | None] = field(default_factory=list)
-    drafted_confidences: list[float] = field(default_factory=list)
+    drafted: DraftLine = field(default_factory=lambda: DraftLine([]))  # as it was verified
 
     def ready(self, size: int) -> bool:
         return not self.verdict.done and len(self.line.tokens) >= min(self.offset + size, self.k)
@@ -226,8 +225,7 @@ class OverlapStep:
 
     def _finish(self, r: _Request, stop: float | None) -> None:
         line, n = r.line, min(r.k, len(r.line.tokens))
-        r.drafted, r.drafted_probs = line.tokens[:n], line.probs[:n]
-        r.drafted_confidences = line.confidences[:n]
+        r.drafted = DraftLine(line.base, line.tokens[:n], line.probs[:n], line.confidences[:n])
         r.verdict.num_pruned = r.k + 1 - (r.seq.num_cached - r.start)
         old = line.context()
         r.line = line.rebase(r.verdict.token_ids, stop)
@@ -239,8 +237,7 @@ class OverlapStep:
 
     @staticmethod
     def _proposal(reqs: list[_Request]) -> Proposal:
-        probs = [
-            torch.stack(r.drafted_probs) if r.drafted and r.drafted_probs[0] is not None else None
-            for r in reqs
-        ]
-        return Proposal([r.drafted for r in reqs], probs, [r.drafted_confidences for r in reqs])
+        lines = [r.drafted for r in reqs]
+        probs = [torch.stack(d.probs) if d.tokens and d.probs[0] is not None else None
+                 for d in lines]
+        return Proposal([d.tokens for d in lines], probs, [d.confidences for d in lines])
