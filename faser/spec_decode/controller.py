@@ -1,8 +1,7 @@
 """The mode controller: the regime the faser policies speculate in, read off each step's plan.
 
-- off: the plan gave nobody a draft token, at a batch with no prefill. Until the batch shrinks
-  below that size, or OFF_REPLAN_STEPS steps pass (the requests' estimates age toward the
-  prior), steps skip planning and run as policy `off` does: the check is one comparison.
+- off: the plan gave nobody a draft token at a batch with no prefill; until the batch shrinks or
+  OFF_REPLAN_STEPS steps pass (the estimates age toward the prior), steps skip planning.
 - overlap: speculation pays, the engine has lanes, the rows to verify stay below the target's
   knee and the router does not report the fleet busy: drafting then hides behind verification.
 - prune: speculation pays otherwise. While the router reports the fleet busy, k is capped at half
@@ -31,7 +30,7 @@ class ModeController:
         """Whether this step skips planning (counted as a step in `off`)."""
         if self.mode != "off" or not 0 < self._off_batch <= num_running:
             return False
-        if self._off_steps >= OFF_REPLAN_STEPS:
+        if self._off_steps >= OFF_REPLAN_STEPS:  # the estimates have aged: plan again
             return False
         self._off_steps += 1
         self.steps_in_mode["off"] += 1
@@ -40,9 +39,7 @@ class ModeController:
     def cap(self, max_k: int) -> int:
         return math.ceil(max_k / 2) if self.cluster_load >= CLUSTER_BUSY else max_k
 
-    def update(
-        self, ks: tuple[int, ...], num_prefill_tokens: int, knee: float
-    ) -> str:
+    def update(self, ks: tuple[int, ...], num_prefill_tokens: int, knee: float) -> str:
         """The mode of a step whose plan is `ks`."""
         if not any(ks):
             self.mode = "off"

@@ -1,19 +1,15 @@
 """What a step costs: the profiled forwards of the target and the draft, and online corrections.
 
-The target's time is measured at a few points of the flat batch size (num_tokens), the draft's at a
-few batch sizes; between points the time is interpolated linearly, beyond them extrapolated along
-the last segment. The profile is measured once per model, device, dtype and thread count (in the
-engine's `prepare()`) and cached as JSON, so a restart costs no profiling.
-
-A served step also samples, scores and attends over each request's whole context, which the
-profile's bare short-context forwards do not: `CostModel` scales each curve by what the served
-steps' own phases measured (drafting; the target's forward in a step that verifies drafts, and in
-one that does not), from the steps that ran without a prefill chunk. A shape's first step is
-left out: a kernel's first call at a size plans and allocates, and that one step priced draft
-tokens so dear that speculation stopped for good. So is a step over STALL times its phases'
-estimates (a page-fault storm, a burst of the host's other work): priced, a few such steps at a
-replica's start set the scales a hundredfold, and only speculative steps, which then never ran
-again, would have brought them back.
+- The profile times the target at a few flat batch sizes (num_tokens) and the draft at a few
+  batch sizes, interpolating between them, once per model, device, dtype and thread count, and
+  caches it as JSON so that a restart costs no profiling.
+- `CostModel` scales each curve by what the served steps' own phases measured, since a served
+  step also samples, scores and attends over whole contexts, which the bare profile does not; a
+  shape's first step is left out, as a kernel's first call at a size plans and allocates, and
+  that one step priced draft tokens so dear that speculation stopped for good.
+- A step over STALL times its phases' estimates is left out too (a page-fault storm, the host's
+  other work): a few at a replica's start set the scales a hundredfold, and only speculative
+  steps, which then never ran again, would have brought them back.
 """
 
 from __future__ import annotations
@@ -30,23 +26,20 @@ from pathlib import Path
 
 from faser.models.model_cache import cache_root
 
-# dense where one request's k decides (a CPU's step can jump between 2 and 4 tokens, and a
-# straight line across the jump overprices k = 2 at batch 1), then doubling, with a point just past
-# the row counts where GEMM kernels change their blocking (a step's cost is a staircase there)
+# dense where one request's k decides (a CPU's step can jump between 2 and 4 tokens), then
+# doubling, with a point just past the row counts where GEMM kernels change their blocking
 TARGET_POINTS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 256, 512)
 DRAFT_POINTS = (1, 2, 4, 8, 16, 32, 64)
-# 2: keys name the checkpoints' files (a draft replaced in place was reused); 3, 4: denser points;
-# 5: a feature draft's input fusions packed (its step got cheaper); 6: the least of five rounds,
-# not the median of three (a profile taken while the host's memory was busy priced drafts low)
-PROFILE_VERSION = 6
-# The knee: the first doubling of the tokens that costs sqrt(2) times as much (where the growing
-# part of t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
+PROFILE_VERSION = 6  # raised whenever the points or the way of measuring them change
+# the knee: the first doubling of the tokens that costs sqrt(2) times as much (the growing part of
+# t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
-# weights of the newest step in the corrections: timing noise only ever slows a step down, so they
-# fall fast and rise slowly, following a step's quick end as the profile's lower envelope does
+# weights of the newest step in the corrections: timing noise only slows a step down, so they
+# fall fast and rise slowly, as the profile's lower envelope does
 CORRECTION_DOWN, CORRECTION_UP = 0.2, 0.02
 # a step this many times slower than the corrections predict stalled: it teaches them nothing
 STALL = 4.0
+PROFILE_CACHE_ENV = "FASER_PROFILE_CACHE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,13 +58,11 @@ class CostProfile:
         _check_curve("draft", self.draft_points, self.draft_times, allow_empty=True)
 
     def target_time(self, num_tokens: float) -> float:
-        """Seconds of one target forward over `num_tokens` flat tokens; 0 for no tokens."""
         if num_tokens <= 0:
             return 0.0
         return _interpolate(self.target_points, self.target_times, num_tokens)
 
     def draft_time(self, batch_size: float) -> float:
-        """Seconds of one draft step over `batch_size` sequences; 0 for none."""
         if batch_size <= 0 or not self.draft_points:
             return 0.0
         return _interpolate(self.draft_points, self.draft_times, batch_size)
@@ -88,16 +79,14 @@ class CostProfile:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "version": PROFILE_VERSION,
-            "key": self.key,
+            "version": PROFILE_VERSION, "key": self.key,
             "target": {"num_tokens": list(self.target_points), "seconds": list(self.target_times)},
             "draft": {"batch_size": list(self.draft_points), "seconds": list(self.draft_times)},
         }
 
     @classmethod
     def from_json(cls, data: dict) -> CostProfile:
-        if data.get("version") != PROFILE_VERSION:
-            got = data.get("version")
+        if (got := data.get("version")) != PROFILE_VERSION:
             raise ValueError(f"profile version must be {PROFILE_VERSION}, got {got}")
         return cls(
             target_points=tuple(int(n) for n in data["target"]["num_tokens"]),
@@ -109,17 +98,11 @@ class CostProfile:
 
 
 class CostModel:
-    """The profile, each phase scaled by what served steps measured: `draft_scale` times the
-    profiled drafting (a served draft step also samples, scores its confidence and looks up the
-    prompt), `target_scale` times the profiled forward of a step that verifies draft tokens (it also
-    judges every drafted row and keeps the target's features for the draft) and `decode_scale` of
-    one that verifies none (a plain decode step, which does neither); both also sample, attend over
-    whole contexts and see the machine run slower or faster than when the profile was taken. Two
-    target scales, since one learned from the steps a policy runs priced the steps it does not:
-    learned while four requests verified a draft token each, it charged their plain step the
-    verification's extra work, and drafting looked cheaper than not drafting. Scales, not offsets:
-    a per-row offset learned at one request charged a draft token as much as a whole request's
-    row, while the profile's own curve knows what one more row costs."""
+    """The profile, each phase scaled by what served steps measured: drafting (`draft_scale`),
+    the target's forward in a step that verifies drafts (`target_scale`) and in one that verifies
+    none (`decode_scale`). Two target scales, since one learned from drafting steps charged plain
+    steps the verification's extra work and made drafting look cheap; scales, not offsets, since
+    the profile's own curve knows what one more row costs."""
 
     __slots__ = ("_warm", "decode_scale", "draft_scale", "num_decodes", "num_drafted",
                  "num_observed", "profile", "target_scale")
@@ -135,11 +118,10 @@ class CostModel:
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
 
-    def verify_time(
-        self, num_rows: float, num_prefill_tokens: int = 0, speculative: bool = True
-    ) -> float:
-        """The target's forward over `num_rows` decode rows and a prefill; `speculative`: some of
-        the rows are draft tokens to verify."""
+    def verify_time(self, num_rows: float, num_prefill_tokens: int = 0,
+                    speculative: bool = True) -> float:
+        """The target's forward over decode rows and a prefill; `speculative`: some rows are
+        draft tokens."""
         scale = self.target_scale if speculative else self.decode_scale
         return scale * self.profile.target_time(num_rows + num_prefill_tokens)
 
@@ -148,11 +130,10 @@ class CostModel:
         draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
         return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens, any(ks))
 
-    def observe(
-        self, num_requests: int, ks: Sequence[int], draft_s: float, verify_s: float
-    ) -> None:
+    def observe(self, num_requests: int, ks: Sequence[int], draft_s: float,
+                verify_s: float) -> None:
         """A decode-only sequential step that drafted `ks` in `draft_s` and verified them in
-        `verify_s`. A shape's first step is left out (see the module docstring)."""
+        `verify_s`; a shape's first step and a stalled one are left out (the module docstring)."""
         rows = num_requests + sum(ks)
         shape = (rows, max(ks, default=0))
         if rows < 1 or shape not in self._warm:
@@ -182,77 +163,50 @@ def _follow(estimate: float, sample: float, num_samples: int) -> float:
 
 
 def profile(
-    measure_target: Callable[[int], float],
-    measure_draft: Callable[[int], float] | None = None,
-    points: Sequence[int] = TARGET_POINTS,
-    draft_points: Sequence[int] = DRAFT_POINTS,
-    *,
-    repeats: int = 5,
-    warmup: int = 1,
-    key: str = "",
+    measure_target: Callable[[int], float], measure_draft: Callable[[int], float] | None = None,
+    points: Sequence[int] = TARGET_POINTS, draft_points: Sequence[int] = DRAFT_POINTS, *,
+    repeats: int = 5, warmup: int = 1, key: str = "",
 ) -> CostProfile:
-    """Builds a profile by calling `measure_*(n)`, each returning the seconds of one real forward
-    at size n. The least of `repeats` calls per point, taken in rounds over all the points
-    (`_measure_curve`) after `warmup` discarded rounds, then the lower envelope from the right
-    (each time the least measured at that size or beyond): a forward over more tokens never costs
-    less, and timing noise, which only ever slows a forward down, is cut away."""
+    """A profile from `measure_*(n)`, each the seconds of one real forward at size n (see
+    `_measure_curve`)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     target_times = _measure_curve(measure_target, points, repeats, warmup)
+    draft_points = tuple(draft_points) if measure_draft is not None else ()
     draft_times: tuple[float, ...] = ()
     if measure_draft is not None:
         draft_times = _measure_curve(measure_draft, draft_points, repeats, warmup)
-    return CostProfile(
-        target_points=tuple(points),
-        target_times=target_times,
-        draft_points=tuple(draft_points) if measure_draft is not None else (),
-        draft_times=draft_times,
-        key=key,
-    )
-
-
-PROFILE_CACHE_ENV = "FASER_PROFILE_CACHE"
+    return CostProfile(tuple(points), target_times, draft_points, draft_times, key)
 
 
 def profile_key(
-    model: str,
-    device: str,
-    dtype: str,
-    num_threads: int | None,
-    weight_format: str = "dense",
+    model: str, device: str, dtype: str, num_threads: int | None, weight_format: str = "dense"
 ) -> str:
-    """The cache key: a profile is only valid for the hardware, precision, weight layout and
-    thread split it was measured on."""
+    """A profile holds only for the hardware, precision, weight layout and threads it ran on."""
     key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
-    if weight_format != "dense":
-        key = f"{key}|weights={weight_format}"
-    return key
+    return key if weight_format == "dense" else f"{key}|weights={weight_format}"
 
 
 def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:
-    """A checkpoint directory and the size and modification time of its files: a profile keyed by
-    it is measured again when the weights are replaced in place (a new default draft)."""
+    """A checkpoint directory and its files' sizes and times, so that weights replaced in place
+    are profiled again."""
     if path is None:
         return "none"
     directory = Path(path)
     files = sorted(f for f in directory.iterdir() if f.is_file()) if directory.is_dir() else []
     stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
-    digest = hashlib.sha256(repr(stats).encode()).hexdigest()[:8]
-    return f"{directory}@{digest}"
-
-
-def default_cache_dir() -> Path:
-    """$FASER_PROFILE_CACHE, else `profiles` in the model cache ($FASER_CACHE, ~/.cache/faser)."""
-    configured = os.environ.get(PROFILE_CACHE_ENV)
-    return Path(configured).expanduser() if configured else cache_root() / "profiles"
+    return f"{directory}@{hashlib.sha256(repr(stats).encode()).hexdigest()[:8]}"
 
 
 def cache_path(key: str, cache_dir: str | os.PathLike | None = None) -> Path:
-    """A readable, filesystem-safe name plus a hash, so distinct keys never share a file."""
+    """A readable, filesystem-safe name plus a hash, so distinct keys never share a file; the
+    directory defaults to $FASER_PROFILE_CACHE, else `profiles` in the model cache."""
     readable = re.sub(r"[^A-Za-z0-9._=-]+", "_", key)[:80]
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    directory = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return directory / f"{readable}-{digest}.json"
+    if cache_dir is None:
+        configured = os.environ.get(PROFILE_CACHE_ENV)
+        cache_dir = Path(configured).expanduser() if configured else cache_root() / "profiles"
+    return Path(cache_dir) / f"{readable}-{digest}.json"
 
 
 def save_profile(cost: CostProfile, path: Path) -> None:
@@ -271,29 +225,18 @@ def load_profile(path: Path) -> CostProfile | None:
 
 
 def load_or_profile(
-    key: str,
-    measure_target: Callable[[int], float],
-    measure_draft: Callable[[int], float] | None = None,
-    points: Sequence[int] = TARGET_POINTS,
-    draft_points: Sequence[int] = DRAFT_POINTS,
-    *,
-    cache_dir: str | os.PathLike | None = None,
+    key: str, measure_target: Callable[[int], float],
+    measure_draft: Callable[[int], float] | None = None, points: Sequence[int] = TARGET_POINTS,
+    draft_points: Sequence[int] = DRAFT_POINTS, *, cache_dir: str | os.PathLike | None = None,
     repeats: int = 5,
 ) -> CostProfile:
     """The cached profile for `key` when it covers the requested points, else a fresh one."""
     path = cache_path(key, cache_dir)
     cached = load_profile(path)
-    wanted_draft = tuple(draft_points) if measure_draft is not None else ()
-    if (
-        cached is not None
-        and cached.key == key
-        and cached.target_points == tuple(points)
-        and cached.draft_points == wanted_draft
-    ):
+    wanted = (key, tuple(points), tuple(draft_points) if measure_draft is not None else ())
+    if cached is not None and (cached.key, cached.target_points, cached.draft_points) == wanted:
         return cached
-    cost = profile(
-        measure_target, measure_draft, points, draft_points, repeats=repeats, key=key
-    )
+    cost = profile(measure_target, measure_draft, points, draft_points, repeats=repeats, key=key)
     save_profile(cost, path)
     return cost
 
@@ -301,15 +244,10 @@ def load_or_profile(
 def _measure_curve(
     measure: Callable[[int], float], points: Sequence[int], repeats: int, warmup: int
 ) -> tuple[float, ...]:
-    """The least per point of `repeats` rounds over all points, each round in the opposite
-    order to the last. Measured point by point, load on a shared machine that changes while the
-    profile runs shows up as a cost of size (a point timed while a neighbour was busy prices every
-    step of that size too high for as long as the profile is cached); interleaved, each point sees
-    the same stretch of the machine's time, as the benchmarks' variants do. The least, not the
-    median: noise only ever slows a forward down, and a host whose memory a neighbour takes for
-    seconds at a time gave a median of three rounds that priced the small forwards (all weight
-    reads) at the busy machine's cost and the larger ones at the idle machine's, a curve so flat
-    that drafting looked nearly free."""
+    """The least per point of `repeats` interleaved rounds, after `warmup` discarded ones, then
+    the lower envelope from the right, since a bigger forward never costs less. Interleaved, so
+    that a neighbour's load does not show up as a cost of size; the least, since noise only slows
+    a forward down (a median made drafting look nearly free)."""
     for _ in range(warmup):
         for n in points:
             measure(n)
@@ -317,7 +255,10 @@ def _measure_curve(
     for round_ in range(repeats):
         for n in points if round_ % 2 == 0 else reversed(points):
             samples[n].append(float(measure(n)))
-    return tuple(_lower_envelope([min(samples[n]) for n in points]))
+    out = [min(samples[n]) for n in points]
+    for j in range(len(out) - 2, -1, -1):
+        out[j] = min(out[j], out[j + 1])
+    return tuple(out)
 
 
 def _check_curve(
@@ -335,8 +276,7 @@ def _check_curve(
 
 def _interpolate(points: Sequence[int], times: Sequence[float], x: float) -> float:
     """Piecewise linear; below the first point the first time (nothing is cheaper than the
-    smallest forward), above the last the last segment's slope (never decreasing; a single point
-    is taken as flat)."""
+    smallest forward), above the last the last segment's slope, never decreasing."""
     if x <= points[0] or len(points) == 1:
         return times[0]
     j = min(bisect.bisect_right(points, x), len(points) - 1)
@@ -345,10 +285,3 @@ def _interpolate(points: Sequence[int], times: Sequence[float], x: float) -> flo
     if x > x1:
         slope = max(slope, 0.0)
     return t0 + slope * (x - x0)
-
-
-def _lower_envelope(times: Sequence[float]) -> list[float]:
-    out = list(times)
-    for j in range(len(out) - 2, -1, -1):
-        out[j] = min(out[j], out[j + 1])
-    return out

@@ -1,19 +1,16 @@
 """How likely a draft token is to be accepted: one estimator, shared by every policy.
 
-Before drafting, each of request i's next tokens is accepted with its rate alpha_i: its own
-verified trials, decayed so that the text it writes now counts most, plus the population's rate
-as a prior worth PRIOR_TRIALS trials. The population's rate is every request's trials over the
-configured prior worth as many. Both age with every engine step, drafted or not, back to their
-prior: an estimate that fell below what pays is not measured again until its owner drafts, so
-without ageing a run of rejections (one request's, or a warm-up's for the whole population)
-would switch drafting off for good. After drafting, token t's chance blends alpha_i with the
-draft's calibrated confidence in it: how often tokens drafted with that confidence were
-accepted, over all requests (a small draft is unsure of tokens the target still takes, so its
-raw probability is no acceptance rate).
-
-A step's verification is a run of Bernoulli trials that stops at the first rejection: the
-positions before it were accepted, the rejected one was not, those after it were never judged.
-Counting accepted / drafted instead would read 0.59 for a true rate of 0.8 at k = 4.
+- Before drafting, each of request i's tokens is accepted with its rate alpha_i: its own verified
+  trials, decayed so that the text it writes now counts most, plus the population's rate as a
+  prior worth PRIOR_TRIALS trials.
+- Both age with every engine step back toward their prior: an estimate that fell below what pays
+  is not measured again until its owner drafts, so a run of rejections would otherwise switch
+  drafting off for good.
+- After drafting, token t's chance blends alpha_i with the draft's calibrated confidence in it (how
+  often tokens drafted with that confidence were accepted), as a small draft's raw probability is
+  no acceptance rate.
+- A verification is a run of trials that stops at the first rejection, so it counts the accepted
+  positions and the rejected one: accepted / drafted would read 0.59 for a rate of 0.8 at k = 4.
 """
 
 from __future__ import annotations
@@ -69,18 +66,11 @@ class AcceptanceEstimator:
     def calibrated(self, q: float) -> float:
         """How often tokens drafted with confidence q were accepted."""
         b = _bin(q)
-        return (self._bins_accepted[b] + BIN_PRIOR_TRIALS * q) / (
-            self._bins_trials[b] + BIN_PRIOR_TRIALS
-        )
+        accepted, trials = self._bins_accepted[b], self._bins_trials[b]
+        return (accepted + BIN_PRIOR_TRIALS * q) / (trials + BIN_PRIOR_TRIALS)
 
-    def observe(
-        self,
-        state: SpecState,
-        confidences: Sequence[float],
-        num_accepted: int,
-        looked_up: Sequence[bool] = (),
-        calibrate: bool = True,
-    ) -> None:
+    def observe(self, state: SpecState, confidences: Sequence[float], num_accepted: int,
+                looked_up: Sequence[bool] = (), calibrate: bool = True) -> None:
         """One request's verified draft tokens (their confidences) and how many were accepted.
         Looked-up tokens count for the request's rate but not the draft's calibration: their
         confidence is the lookup's precision, not the draft's."""
@@ -92,9 +82,7 @@ class AcceptanceEstimator:
         state.accepted = aged * state.accepted + num_accepted
         state.trials = aged * state.trials + trials
         state.observed_at = self.num_steps
-        pop = self._population
-        pop[0] += num_accepted
-        pop[1] += trials
+        self._population = [self._population[0] + num_accepted, self._population[1] + trials]
         state.alpha = self.alpha(state)
         if not calibrate:
             return

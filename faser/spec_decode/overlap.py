@@ -1,32 +1,22 @@
-"""The overlapped step (mode `overlap`): the draft and the target run at once on two lanes.
+"""The overlapped step (mode `overlap`): the draft and the target run at once on two lanes, so that
+a step's latency tends to max(draft, verify) per tick instead of their sum.
 
-The step is a software pipeline of ticks. In each tick the target lane runs one forward (the next
-frontier of every request whose drafts exist, with the prefill chunks riding the first one) while
-the draft lane drafts ahead; the lanes meet at the end of the tick, where the next tick is planned
-from what both produced. So:
-
-- pre-verify: a request's frontier is verified as soon as its drafts exist, while the draft
-  drafts the positions of its next frontier;
-- post-verify: a request whose k_i drafts exist keeps drafting past k_i, as if all will be
-  accepted; when they are and the bonus token equals the draft's own guess for that position, the
-  drafts past it are the next step's, already made (the "carry");
-- a request whose verification ended (a rejection, or the last frontier) starts drafting its next
-  step at once from its committed tokens, while the target verifies the others.
-
-Step latency tends to max(draft, verify) per tick instead of their sum.
-
-Lossless and reproducible: verification is the verifier's own (each request's frontiers in
-order, rejection sampling on the draft distribution each token was drawn from); a carried draft
-is used only when its context equals the committed tokens, and it was drawn from the draft's
-distribution for exactly that context. Every tick's work is decided at the meeting point, never by
-which lane finishes first, so the forwards' batches are the same on every run; a request's random
-generator is drawn by the draft lane during ticks (its draft tokens) and by the main thread between
-ticks (its verification uniforms), never by both at once, so a seed gives the same output.
-
-KV: the draft lane writes the draft cache past the verified tokens only into slots reserved
-through `reserve` (free blocks only: never preempting); the engine's rollback to
-num_tokens - 1 keeps the draft cache's committed prefix, and a carry's tokens are fed again, all
-in one chunk, in the next step's first draft forward."""
+- Ticks: in each, the target lane verifies the next frontier of every request whose drafts exist
+  (prefill chunks ride the first) while the draft lane drafts ahead; the lanes meet at the end,
+  where the next tick is planned, so no batch depends on which lane finishes first.
+- Pre-verify: a frontier is verified as soon as its drafts exist, while the next one is drafted.
+- Post-verify: a request keeps drafting past its k_i while those drafts are likely to be used
+  (MIN_POST_SURVIVAL); when all k_i are accepted and the bonus token equals the draft's own guess,
+  the drafts past it are carried into the next step.
+- A request whose verification ended starts drafting its next step at once from its committed
+  tokens, while the target verifies the others.
+- Lossless and reproducible: verification is the verifier's own, a carried draft is used only when
+  its context equals the committed tokens, and a request's generator is drawn by the draft lane
+  during ticks and by the main thread between them, never by both.
+- KV: the draft lane writes past the verified tokens only into slots `reserve` grew from free
+  blocks (never preempting), and a carry's tokens are fed again, in one chunk, in the next step's
+  first draft forward.
+"""
 
 from __future__ import annotations
 
@@ -41,9 +31,8 @@ from faser.spec_decode.request import SpecRequest
 from faser.spec_decode.verifier import FrontierItem, Verdict, Verifier, frontier_checks
 
 Reserve = Callable[[SpecRequest, int], bool]
-# post-verify drafts are made only while the chance that they are used (all k_i accepted, the
-# bonus equal to the draft's guess, and the carried drafts before it accepted: alpha^(k+t))
-# stays above this; on a CPU whose cores are shared, wasted drafts slow the target down
+# post-verify drafts are made only while the chance that they are used, alpha^(k+t), stays above
+# this: on a CPU whose cores are shared, wasted drafts slow the target down
 MIN_POST_SURVIVAL = 0.05
 
 
@@ -61,7 +50,8 @@ class DraftLine:
     def context(self) -> list[int]:
         return self.base + self.tokens
 
-    def append(self, token: int, q: torch.Tensor | None, confidence: float, stop) -> None:
+    def append(self, token: int, q: torch.Tensor | None, confidence: float,
+               stop: float | None) -> None:
         self.tokens.append(token)
         self.probs.append(q)
         self.confidences.append(confidence)
@@ -92,9 +82,7 @@ class _Request:
     start: int  # seq.num_cached when the step began
     verdict: Verdict = field(default_factory=Verdict)
     offset: int = 0  # the next frontier feeds x[offset : offset + size]
-    drafted: list[int] = field(default_factory=list)  # the drafts it was verified against
-    drafted_probs: list[torch.Tensor | None] = field(default_factory=list)
-    drafted_confidences: list[float] = field(default_factory=list)
+    drafted: DraftLine = field(default_factory=lambda: DraftLine([]))  # as it was verified
 
     def ready(self, size: int) -> bool:
         return not self.verdict.done and len(self.line.tokens) >= min(self.offset + size, self.k)
@@ -103,10 +91,7 @@ class _Request:
 @dataclass(slots=True)
 class OverlapStats:
     steps: int = 0
-    ticks: int = 0
-    draft_forwards: int = 0
     exposed_draft_forwards: int = 0  # in ticks where the target had nothing to do
-    target_forwards: int = 0
     carried_tokens: int = 0  # drafts made in an earlier step and verified in this one
 
 
@@ -122,18 +107,13 @@ class OverlapStep:
         self.carries.clear()
 
     def run(
-        self,
-        decodes: list[SpecRequest],
-        prefills: list[tuple[SpecRequest, int]],
-        max_k: list[int],
-        frontier_size: int | None,
-        stop: float | None,
-        reserve: Reserve,
+        self, decodes: list[SpecRequest], prefills: list[tuple[SpecRequest, int]],
+        max_k: list[int], frontier_size: int | None, stop: float | None, reserve: Reserve,
         draft_budget: int | None = None,
     ) -> tuple[Proposal, list[Verdict], list[int | None]]:
         """`draft_budget`: draft forwards that fit in one target forward (from the cost profile),
         which caps the look-ahead of a tick; None: as many as the frontier has positions."""
-        reqs = [self._request(seq, k, stop) for seq, k in zip(decodes, max_k, strict=True)]
+        reqs = [self._request(seq, k) for seq, k in zip(decodes, max_k, strict=True)]
         size = max(1, frontier_size) if frontier_size else max(max_k, default=0) + 1
         prefill_tokens: list[int | None] = [None] * len(prefills)
         riders = list(prefills)
@@ -153,7 +133,7 @@ class OverlapStep:
 
     # -- planning, at the meeting point -----------------------------------------------------
 
-    def _request(self, seq: SpecRequest, k: int, stop: float | None) -> _Request:
+    def _request(self, seq: SpecRequest, k: int) -> _Request:
         carry = self.carries.get(seq.request_id)
         line = DraftLine(list(seq.token_ids))
         if k > 0 and carry is not None and carry.base == line.base:
@@ -169,12 +149,9 @@ class OverlapStep:
     def _item(self, r: _Request, size: int) -> FrontierItem:
         draft = r.line.tokens[: r.k]
         checks = frontier_checks(len(draft), r.offset, size)
-        q = None
-        if not r.seq.params.greedy:
-            q = torch.stack(r.line.probs[: len(draft)]) if draft else None
-            u = torch.rand(checks + 1, generator=r.seq.generator)
-        else:
-            u = torch.zeros(checks + 1)
+        greedy = r.seq.params.greedy
+        q = torch.stack(r.line.probs[: len(draft)]) if draft and not greedy else None
+        u = torch.zeros(checks + 1) if greedy else torch.rand(checks + 1, generator=r.seq.generator)
         return FrontierItem(r.seq, draft, q, r.start, r.offset, size, (u[:checks], u[checks:]),
                             r.verdict)
 
@@ -185,7 +162,7 @@ class OverlapStep:
         past them, look-ahead (post-verify, or the next step's drafts once verified) fills the
         tick up to `budget` draft forwards (0 when the target has nothing to do: the step waits
         on the draft alone then, so it drafts only what a frontier needs)."""
-        needs: list[tuple[_Request, int, int]] = []
+        plan = []
         for r in reqs:
             if r.lookahead == 0 or r.line.stopped:
                 continue
@@ -196,11 +173,7 @@ class OverlapStep:
                 ahead = 2 if r.ready(size) else 1  # verified this tick: prepare the next one
                 required = max(0, min(r.offset + ahead * size, r.k) - have)
                 cap = r.k + r.post
-            needs.append((r, required, max(0, cap - have)))
-        plan = []
-        for r, required, room in needs:
-            want = max(required, min(budget, room))
-            want = self._reserve(r, want, reserve)
+            want = self._reserve(r, max(required, min(budget, max(0, cap - have))), reserve)
             if want > 0:
                 plan.append((r, want))
         return plan
@@ -215,33 +188,27 @@ class OverlapStep:
     # -- the tick: both lanes at once -------------------------------------------------------
 
     def _tick(self, items, riders, prefill_tokens, plan, stop) -> None:
-        self.stats.ticks += 1
         target = None
         if items or riders:
             target = self.lanes.target.submit(self.verifier.verify_items, items, riders,
                                               prefill_tokens)
-            self.stats.target_forwards += 1
         draft = self.lanes.draft.submit(self._draft, plan, stop) if plan else None
         forwards = draft.result() if draft is not None else 0
         if target is not None:
             target.result()
-        self.stats.draft_forwards += forwards
-        if target is None:
+        else:
             self.stats.exposed_draft_forwards += forwards
 
     def _draft(self, plan: list[tuple[_Request, int]], stop: float | None) -> int:
         """Runs on the draft lane: up to `want` draft forwards per request, batched."""
-        forwards, step = 0, 0
-        while True:
-            active = [r for r, want in plan if step < want and not r.line.stopped]
-            if not active:
-                return forwards
+        forwards = 0
+        while active := [r for r, want in plan if forwards < want and not r.line.stopped]:
             contexts = [r.line.context() for r in active]
             drafted = self.proposer.extend([r.seq for r in active], contexts)
             for r, (token, q, confidence) in zip(active, drafted, strict=True):
                 r.line.append(token, q, confidence, stop)
             forwards += 1
-            step += 1
+        return forwards
 
     def _settle(self, reqs: list[_Request], items: list[FrontierItem], size: int, stop) -> None:
         """After a tick: advance the verified requests; rebase the finished ones on their
@@ -258,8 +225,7 @@ class OverlapStep:
 
     def _finish(self, r: _Request, stop: float | None) -> None:
         line, n = r.line, min(r.k, len(r.line.tokens))
-        r.drafted, r.drafted_probs = line.tokens[:n], line.probs[:n]
-        r.drafted_confidences = line.confidences[:n]
+        r.drafted = DraftLine(line.base, line.tokens[:n], line.probs[:n], line.confidences[:n])
         r.verdict.num_pruned = r.k + 1 - (r.seq.num_cached - r.start)
         old = line.context()
         r.line = line.rebase(r.verdict.token_ids, stop)
@@ -271,8 +237,7 @@ class OverlapStep:
 
     @staticmethod
     def _proposal(reqs: list[_Request]) -> Proposal:
-        probs = [
-            torch.stack(r.drafted_probs) if r.drafted and r.drafted_probs[0] is not None else None
-            for r in reqs
-        ]
-        return Proposal([r.drafted for r in reqs], probs, [r.drafted_confidences for r in reqs])
+        lines = [r.drafted for r in reqs]
+        probs = [torch.stack(d.probs) if d.tokens and d.probs[0] is not None else None
+                 for d in lines]
+        return Proposal([d.tokens for d in lines], probs, [d.confidences for d in lines])

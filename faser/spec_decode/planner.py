@@ -1,27 +1,28 @@
 """The planner: the k vector that maximises a step's goodput under its limits, and the frontier size
 that verifies it most cheaply.
 
-For request i with per-position acceptance chances a_{i,1..}, draft position t survives with
-p_{i,t} = prod_{s<=t} a_{i,s} (it is accepted only if all before it are), so k_i drafts are
-expected to add E_i(k_i) = sum_{t<=k_i} p_{i,t} accepted tokens to the one every request commits.
-Goodput = sum_i (1 + E_i(k_i)) / (T(k) - P), T from the cost model and P what the step's prefill
-adds to it at k = 0: the prefill runs whatever k is, so its time must not make drafts look cheap
-(beside a 400 ms prefill any 20 ms of drafting seems to pay, yet it delays every prompt in the
-step). The limits hold the whole T(k).
-
-One walk: every candidate token in order of its survival chance (a request's positions come in
-order, since p falls along them), the step's time updated as each is added, and the best prefix
-kept. The limits are constraints on that prefix: a token budget, a step-time cap (the TTFT of
-requests whose prefill ends in this step), and TPOT deadlines: request i stays on track when
-T <= D_i (1 + E_i(k_i)), D_i being what its remaining budget allows per committed token
-(faser.spec_decode.slo). When no prefix keeps every limit, the one that comes closest wins.
+- Draft position t of request i survives with p_{i,t} = prod_{s<=t} a_{i,s}, since it is accepted
+  only if all before it are, so k_i drafts add E_i(k_i) = sum_{t<=k_i} p_{i,t} expected tokens to
+  the one every request commits.
+- Goodput = sum_i (1 + E_i(k_i)) / (T(k) - P), P being what the step's prefill adds at k = 0:
+  the prefill runs whatever k is, and beside a 400 ms prefill any drafting would look cheap.
+- One walk adds the candidate tokens in order of survival, pricing the step as it goes, and keeps
+  the best prefix, so that planning stays linear in the tokens.
+- The limits constrain that prefix: a token budget, a step-time cap (the TTFT of the prefills
+  ending in the step) and TPOT deadlines T <= D_i (1 + E_i(k_i)) (faser.spec_decode.slo); when
+  no prefix keeps them all, the closest wins.
+- Frontiers verify the drafts in several forwards, so that a rejection prunes the positions after
+  it; this pays only past the target's knee, where a forward's cost grows with its tokens.
 """
 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
+from itertools import accumulate
 from typing import NamedTuple
 
 from faser.spec_decode.cost_model import CostModel
@@ -46,48 +47,35 @@ class Choice:
     baseline_goodput: float  # with k = 0 for everyone
     meets_limits: bool = True
 
-    @property
-    def speculates(self) -> bool:
-        return any(self.ks)
-
 
 def survival(acceptance: Sequence[float]) -> list[float]:
     """p_t = prod_{s<=t} a_s."""
-    out, p = [], 1.0
-    for a in acceptance:
-        p *= min(1.0, max(0.0, a))
-        out.append(p)
-    return out
+    return list(accumulate((min(1.0, max(0.0, a)) for a in acceptance), operator.mul))
 
 
 def choose_k(
-    acceptance: Sequence[Sequence[float]],
-    cost: CostModel,
-    num_prefill_tokens: int = 0,
-    limits: Limits = NO_LIMITS,
-    *,
-    drafted: bool = False,
-    draft_lags: Sequence[float] = (),
+    acceptance: Sequence[Sequence[float]], cost: CostModel, num_prefill_tokens: int = 0,
+    limits: Limits = NO_LIMITS, *, drafted: bool = False, draft_lags: Sequence[float] = (),
 ) -> Choice:
     """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
     (trimming), so only their verification costs. `draft_lags[i]`: the draft rows request i's
-    first draft token pays for (1 when its draft is current; more while it must catch up). With
-    TPOT deadlines a second walk takes the tokens of the requests with the tightest deadlines
-    first: the walk by survival alone treats alike requests alike, and no prefix of it may keep
-    the deadline of one that is behind."""
+    first draft token pays for (more than 1 while its draft catches up). With TPOT deadlines a
+    second walk takes the tightest deadlines' tokens first, as no prefix of the walk by survival
+    alone may keep the deadline of a request that is behind."""
     probs = [survival(a) for a in acceptance]
     n = len(probs)
     if limits.tpot_deadlines_s is not None and len(limits.tpot_deadlines_s) != n:
         raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
     candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
     orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]
-    base = _Step(cost, n, num_prefill_tokens, drafted, draft_lags)
+    fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, draft_lags)
+    base = fresh()
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
     if deadlines:
         tightness = {i: d for i, d in deadlines}
         orders.append(sorted(candidates, key=lambda c: (tightness.get(c[2], math.inf), -c[0])))
     budget = len(candidates) if limits.token_budget is None else max(0, limits.token_budget)
-    walks = [_walk(order[:budget], probs, base.copy(), limits, deadlines) for order in orders]
+    walks = [_walk(order[:budget], probs, fresh(), limits, deadlines) for order in orders]
     best = max(walks, key=lambda w: (w.margin >= 1.0, w.goodput if w.margin >= 1.0 else w.margin))
     ks = [0] * n
     for _, _, i in best.taken:
@@ -117,9 +105,8 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
                  _margin(limits, deadlines, gains, time_s), time_s)
     best_len = 0
     for length, (p, t, i) in enumerate(order, start=1):
-        # times only grow once a draft token is in (the first one may switch the target's price
-        # from a plain decode's to a verification's, which need not be dearer): not even every
-        # remaining token at today's cost would win
+        # once a draft token is in (the first may make the target's price a verification's,
+        # not always dearer), times only grow: stop when not even every remaining token would win
         bound = (n + gained + remaining) <= best.goodput * step.decode_total()
         if step.speculative and best.margin >= 1.0 and bound:
             break
@@ -140,20 +127,12 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
 
 
 class _Step:
-    """A step's predicted seconds as draft tokens are added one by one: draft forward j runs
-    over the requests with k_i > j (the first over every token their drafts still have to read,
-    priced as that many one-token rows); the target verifies every request's k_i + 1 rows and the
-    prefill in one forward (a plain decode's while no draft token is in it); `prefill_s` is what
-    the prefill adds to the step at k = 0."""
+    """A step's predicted seconds as draft tokens are added: draft forward j runs over the
+    requests with k_i > j (the first also over the tokens their drafts lag behind), then the
+    target verifies every k_i + 1 rows and the prefill in one forward."""
 
     __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill",
                  "num_requests", "prefill_s", "rows")
-
-    def copy(self) -> _Step:
-        twin = _Step(self.cost, self.num_requests, self.num_prefill, self.drafted, self.lags)
-        twin.draft_batches, twin.draft_s = list(self.draft_batches), self.draft_s
-        twin.rows = self.rows
-        return twin
 
     def __init__(
         self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool,
@@ -195,8 +174,7 @@ def _savable(
     deadlines: Sequence[float | None] | None, probs: list[list[float]], base_time_s: float
 ) -> list[tuple[int, float]]:
     """(request, deadline) of the TPOT deadlines worth keeping: one that not even the request's
-    own full speculation at the step's plainest cost could meet is past saving this step, and
-    holding everyone to it would only slow them all."""
+    full speculation at the plainest step could meet would only slow everyone down."""
     if deadlines is None:
         return []
     return [
@@ -220,15 +198,11 @@ def _margin(
 
 
 def expected_verify_time(
-    ks: Sequence[int],
-    acceptance: Sequence[Sequence[float]],
-    frontier_size: int,
-    cost: CostModel,
-    num_prefill_tokens: int = 0,
+    ks: Sequence[int], acceptance: Sequence[Sequence[float]], frontier_size: int,
+    cost: CostModel, num_prefill_tokens: int = 0,
 ) -> float:
-    """Expected target seconds to verify `ks` in frontiers of `frontier_size` draft positions.
-
-    Frontier j feeds positions [j f, (j+1) f) of the requests still alive (all earlier positions
+    """Expected target seconds to verify `ks` in frontiers of `frontier_size` draft positions:
+    frontier j feeds positions [j f, (j+1) f) of the requests still alive (all earlier positions
     accepted), plus the bonus input in a request's last frontier; prefill rides in frontier 0.
     A frontier runs only if some request is alive, so it costs P(any alive) * t(E[tokens | any])."""
     if frontier_size < 1:
@@ -253,9 +227,7 @@ def expected_verify_time(
 
 
 def choose_frontier_size(
-    ks: Sequence[int],
-    acceptance: Sequence[Sequence[float]],
-    cost: CostModel,
+    ks: Sequence[int], acceptance: Sequence[Sequence[float]], cost: CostModel,
     num_prefill_tokens: int = 0,
 ) -> int | None:
     """The frontier size with the least expected verify time; None for one frontier. Below the

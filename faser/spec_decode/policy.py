@@ -1,16 +1,13 @@
 """Speculation policies: how many draft tokens each request gets this step.
 
-A policy answers with a StepPlan (k per request, the frontier size, the mode) before drafting;
-after drafting, `trim` may shorten each request's k now that the draft's confidences are known;
-after verification, `observe` updates what a stateful policy keeps. Policies never touch tensors.
-Whatever they choose, the output stays lossless: every k lies in [0, the request's max_k] and
-their sum fits the step's token budget.
+A policy plans a StepPlan before drafting, may `trim` each k once the draft's confidences are
+known, and `observe`s each verified step; it never touches tensors, and every k it gives lies in
+[0, the request's max_k] with their sum within the token budget, so the output stays lossless.
 
 - off, fixed (k for everyone), dsd (k from a batch-size table, as vLLM and TensorRT-LLM ship) and
   heuristic (HF transformers' schedule) are the static baselines;
-- faser plans with the planner over the acceptance estimator and the cost model, trims with the
-  draft's confidences, and reports its mode through the mode controller; faser-nooverlap and
-  faser-noprune are its ablations.
+- faser plans with the planner, trims with the draft's confidences and takes its mode from the
+  mode controller; faser-nooverlap and faser-noprune are its ablations.
 """
 
 from __future__ import annotations
@@ -63,24 +60,13 @@ class Policy(ABC):
         self.estimator = estimator
 
     @abstractmethod
-    def plan(
-        self,
-        states: list[SpecState],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[float] = (),
-    ) -> StepPlan:
+    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS,
+             draft_lags: Sequence[float] = ()) -> StepPlan:
         """`draft_lags[i]`: the draft rows request i's first draft token pays for (see
         faser.spec_decode.planner.choose_k)."""
 
-    def trim(
-        self,
-        plan: StepPlan,
-        states: list[SpecState],
-        confidences: list[list[float]],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-    ) -> list[int]:
+    def trim(self, plan: StepPlan, states: list[SpecState], confidences: list[list[float]],
+             load: LoadView, limits: Limits = NO_LIMITS) -> list[int]:
         """Final k per request once drafted (confidences[i][t]: the draft's probability of its
         own token t for request i). Static policies keep what was drafted."""
         return [len(c) for c in confidences]
@@ -89,34 +75,24 @@ class Policy(ABC):
         """A request's verified step, for a policy that keeps state of its own."""
 
 
-class OffPolicy(Policy):
-    name = "off"
-
-    def plan(
-        self,
-        states: list[SpecState],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[float] = (),
-    ) -> StepPlan:
-        return StepPlan(max_k=(0,) * len(states), mode="off")
-
-
 class StaticPolicy(Policy):
     """A k per request from `k_for`, cut to the token budget; one frontier."""
 
-    def plan(
-        self,
-        states: list[SpecState],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[float] = (),
-    ) -> StepPlan:
-        ks = fit_budget([clamp_k(self.k_for(s, load), s) for s in states], _budget(load, limits))
+    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS,
+             draft_lags: Sequence[float] = ()) -> StepPlan:
+        ks = [min(max(0, self.k_for(s, load)), max(0, s.max_k)) for s in states]
+        ks = fit_budget(ks, _budget(load, limits))
         return StepPlan(max_k=tuple(ks), mode="prune" if any(ks) else "off")
 
     @abstractmethod
     def k_for(self, state: SpecState, load: LoadView) -> int: ...
+
+
+class OffPolicy(StaticPolicy):
+    name = "off"
+
+    def k_for(self, state: SpecState, load: LoadView) -> int:
+        return 0
 
 
 class FixedPolicy(StaticPolicy):
@@ -161,24 +137,14 @@ class FaserPolicy(Policy):
     allow_overlap = True
     allow_prune = True  # several frontiers with early pruning
 
-    def __init__(
-        self,
-        config: SpecConfig,
-        estimator: AcceptanceEstimator,
-        cost: CostModel,
-        can_overlap: bool = False,
-    ) -> None:
+    def __init__(self, config: SpecConfig, estimator: AcceptanceEstimator, cost: CostModel,
+                 can_overlap: bool = False) -> None:
         super().__init__(config, estimator)
         self.cost = cost
         self.controller = ModeController(can_overlap and self.allow_overlap)
 
-    def plan(
-        self,
-        states: list[SpecState],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-        draft_lags: Sequence[float] = (),
-    ) -> StepPlan:
+    def plan(self, states: list[SpecState], load: LoadView, limits: Limits = NO_LIMITS,
+             draft_lags: Sequence[float] = ()) -> StepPlan:
         if not states or self.controller.stays_off(len(states)):
             return StepPlan(max_k=(0,) * len(states), mode="off")
         if load.num_waiting:
@@ -199,17 +165,11 @@ class FaserPolicy(Policy):
             )
         return StepPlan(choice.ks, frontier, mode, choice)
 
-    def trim(
-        self,
-        plan: StepPlan,
-        states: list[SpecState],
-        confidences: list[list[float]],
-        load: LoadView,
-        limits: Limits = NO_LIMITS,
-    ) -> list[int]:
+    def trim(self, plan: StepPlan, states: list[SpecState], confidences: list[list[float]],
+             load: LoadView, limits: Limits = NO_LIMITS) -> list[int]:
         """The planner again, over the drafted tokens' own chances, their drafting now paid."""
-        acceptance = [self.estimator.after_draft(s, c) for s, c in zip(states, confidences,
-                                                                        strict=True)]
+        acceptance = [self.estimator.after_draft(s, c)
+                      for s, c in zip(states, confidences, strict=True)]
         return list(choose_k(acceptance, self.cost, load.num_prefill_tokens, limits,
                              drafted=True).ks)
 
@@ -235,10 +195,6 @@ def _budget(load: LoadView, limits: Limits) -> int:
     return min(load.token_budget, limits.token_budget)
 
 
-def clamp_k(k: int, state: SpecState) -> int:
-    return min(max(0, k), max(0, state.max_k))
-
-
 def dsd_k(table: Sequence[tuple[int, int]], batch_size: int) -> int:
     rows = sorted(table)
     if not rows:
@@ -261,13 +217,8 @@ def fit_budget(ks: list[int], budget: int | None) -> list[int]:
 
 
 POLICY_REGISTRY: dict[str, Callable[..., Policy]] = {
-    "off": OffPolicy,
-    "fixed": FixedPolicy,
-    "dsd": DsdPolicy,
-    "heuristic": HeuristicPolicy,
-    "faser": FaserPolicy,
-    "faser-nooverlap": FaserNoOverlapPolicy,
-    "faser-noprune": FaserNoPrunePolicy,
+    p.name: p for p in (OffPolicy, FixedPolicy, DsdPolicy, HeuristicPolicy, FaserPolicy,
+                        FaserNoOverlapPolicy, FaserNoPrunePolicy)
 }
 
 
@@ -276,19 +227,13 @@ def prices_steps(policy: str) -> bool:
     return issubclass(POLICY_REGISTRY[policy], FaserPolicy)
 
 
-def make_policy(
-    config: SpecConfig,
-    estimator: AcceptanceEstimator,
-    cost: CostModel | None = None,
-    can_overlap: bool = False,
-) -> Policy:
+def make_policy(config: SpecConfig, estimator: AcceptanceEstimator, cost: CostModel | None = None,
+                can_overlap: bool = False) -> Policy:
     """The policy `config.policy` names; the faser family needs `cost`."""
-    try:
-        factory = POLICY_REGISTRY[config.policy]
-    except KeyError:
+    factory = POLICY_REGISTRY.get(config.policy)
+    if factory is None:
         raise ValueError(
-            f"policy {config.policy!r} is not implemented; have {sorted(POLICY_REGISTRY)}"
-        ) from None
+            f"policy {config.policy!r} is not implemented; have {sorted(POLICY_REGISTRY)}")
     if not prices_steps(config.policy):
         return factory(config, estimator)
     if cost is None:

@@ -1,16 +1,13 @@
-"""Service-level objectives: the time to first token (TTFT) and the time per output token (TPOT)
-promised per request, and the step limits that SLO-aware speculation keeps to (the planner takes
-them as constraints).
+"""Service-level objectives: the TTFT and TPOT promised per request, and the step limits that
+SLO-aware speculation keeps to (the planner takes them as constraints).
 
-TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1). A request
-attains its SLO when it meets every target it was given.
-
-TPOT is an average over the whole output, so a step need not be shorter than the target: it must
-be short enough for the tokens it commits. Request i is on track after this step when the step's
-time tau satisfies tau <= D_i * (1 + E_i(k_i)): D_i is what its remaining budget allows per token
-(`tpot_deadline`) and 1 + E_i(k_i) the tokens it expects to commit. Its own speculation relaxes
-its constraint, everyone else's tightens it: that is why the requests that gain least are trimmed
-first and the ones behind their target are favoured.
+- TTFT = first token - arrival and TPOT = (finish - first token) / (output tokens - 1); a request
+  attains its SLO when it meets every target it was given.
+- TPOT averages over the output, so a step need only be short enough for the tokens it commits:
+  request i stays on track when the step's time tau <= D_i (1 + E_i(k_i)), D_i being what its
+  remaining budget allows per token, so its own speculation relaxes its limit and everyone
+  else's tightens it.
+- A TTFT target caps the step in which the request's prefill ends, as none after it can help.
 """
 
 from __future__ import annotations
@@ -43,17 +40,9 @@ class Slo:
                 raise ValueError(f"slo.{name} must be a positive number, got {value!r}")
 
     @classmethod
-    def from_ms(cls, tpot_ms: float | None = None, ttft_ms: float | None = None) -> Slo | None:
-        """From milliseconds, as the API and the command line give them; None when neither is."""
-        for name, value in zip(SLO_FIELDS, (tpot_ms, ttft_ms), strict=True):
-            _check_ms(name, value)
-        if tpot_ms is None and ttft_ms is None:
-            return None
-        return cls(_seconds(tpot_ms), _seconds(ttft_ms))
-
-    @classmethod
     def parse(cls, value: Mapping[str, object] | None) -> Slo | None:
-        """A request's `slo: {"tpot_ms": ..., "ttft_ms": ...}`; ValueError naming the field."""
+        """A request's `slo: {"tpot_ms": ..., "ttft_ms": ...}`, None when it gives neither;
+        ValueError naming the field."""
         if value is None:
             return None
         if not isinstance(value, Mapping):
@@ -61,50 +50,31 @@ class Slo:
         unknown = set(value) - set(SLO_FIELDS)
         if unknown:
             raise ValueError(f"slo: unknown fields {sorted(unknown)}; have {list(SLO_FIELDS)}")
-        return cls.from_ms(value.get("tpot_ms"), value.get("ttft_ms"))  # type: ignore[arg-type]
-
-    @property
-    def given(self) -> bool:
-        return self.tpot_s is not None or self.ttft_s is not None
-
-    def met(self, ttft_s: float, tpot_s: float) -> bool:
-        tpot_ok = self.tpot_s is None or tpot_s <= self.tpot_s
-        ttft_ok = self.ttft_s is None or ttft_s <= self.ttft_s
-        return tpot_ok and ttft_ok
-
-
-def _check_ms(name: str, value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"slo.{name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"slo.{name} must be > 0, got {value!r}")
-
-
-def _seconds(ms: float | None) -> float | None:
-    return None if ms is None else float(ms) / 1e3
+        given = [value.get(name) for name in SLO_FIELDS]
+        for name, ms in zip(SLO_FIELDS, given, strict=True):
+            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float)):
+                raise ValueError(f"slo.{name} must be a number, got {ms!r}")
+            if ms is not None and not (math.isfinite(ms) and ms > 0):
+                raise ValueError(f"slo.{name} must be > 0, got {ms!r}")
+        if given == [None, None]:
+            return None
+        return cls(*(None if ms is None else float(ms) / 1e3 for ms in given))
 
 
 def request_met(
-    slo: Slo | None,
-    arrival_s: float,
-    first_token_s: float | None,
-    finish_s: float | None,
+    slo: Slo | None, arrival_s: float, first_token_s: float | None, finish_s: float | None,
     num_output_tokens: int,
 ) -> bool | None:
     """Whether a finished request met its SLO; None without one (or before it finished)."""
-    if slo is None or not slo.given or first_token_s is None or finish_s is None:
+    if slo is None or slo == Slo() or first_token_s is None or finish_s is None:
         return None
     tpot = (finish_s - first_token_s) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
-    return slo.met(first_token_s - arrival_s, tpot)
+    tpot_ok = slo.tpot_s is None or tpot <= slo.tpot_s
+    return tpot_ok and (slo.ttft_s is None or first_token_s - arrival_s <= slo.ttft_s)
 
 
 def tpot_deadline(
-    tpot_s: float,
-    now_s: float,
-    first_token_s: float | None,
-    num_output_tokens: int,
+    tpot_s: float, now_s: float, first_token_s: float | None, num_output_tokens: int,
     max_tokens: int,
 ) -> float:
     """Seconds per committed token that this step may take and keep the request on its TPOT
@@ -124,16 +94,9 @@ def tpot_deadlines(requests: Sequence[SpecRequest], now_s: float) -> list[float 
     """`tpot_deadline` per decoding request; None for one with no TPOT target."""
     out: list[float | None] = []
     for seq in requests:
-        slo = seq.spec_state.slo
-        if slo is None or slo.tpot_s is None:
-            out.append(None)
-            continue
-        out.append(
-            tpot_deadline(
-                slo.tpot_s, now_s, seq.first_token_time, len(seq.output_token_ids),
-                seq.params.max_tokens,
-            )
-        )
+        tpot_s = seq.spec_state.slo.tpot_s if seq.spec_state.slo is not None else None
+        out.append(None if tpot_s is None else tpot_deadline(
+            tpot_s, now_s, seq.first_token_time, len(seq.output_token_ids), seq.params.max_tokens))
     return out
 
 

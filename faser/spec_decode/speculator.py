@@ -1,15 +1,18 @@
 """One speculative step over the scheduled batch: plan -> propose -> trim -> verify -> observe.
 
-The speculator owns the policies (one per name in the batch: a request may override the engine's),
-the acceptance estimator they share, the cost model (profiled by the engine and handed in), the
-proposer, the verifier and, where the engine has lanes, the overlapped step. A step in which
-nobody drafts runs as policy `off` does: no draft forward, and while the faser controller is off,
-no planning and no target features kept."""
+- Each request follows its own policy (its override, else the engine's); every policy in the batch
+  plans its own requests over the shared acceptance estimator and cost model.
+- A step in which nobody drafts runs as policy `off` does: no draft forward and, while the faser
+  controller is off, no planning and no target features kept.
+- A sequential step teaches the cost model its phases' times; a step whose plan is `overlap`
+  runs on the engine's lanes (faser.spec_decode.overlap).
+"""
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -30,15 +33,18 @@ from faser.spec_decode.trace import DecisionTrace
 from faser.spec_decode.verifier import Verdict, Verifier
 
 
+class _Group(NamedTuple):
+    """The requests of one policy in a step (rows of the batch), their limits and their plan."""
+
+    policy: Policy
+    rows: list[int]
+    limits: Limits
+    plan: StepPlan
+
+
 class Speculator:
-    def __init__(
-        self,
-        config: SpecConfig,
-        target: ModelRunner,
-        draft: ModelRunner | None,
-        token_map: torch.Tensor | None,
-        blocks: BlockManager,
-    ) -> None:
+    def __init__(self, config: SpecConfig, target: ModelRunner, draft: ModelRunner | None,
+                 token_map: torch.Tensor | None, blocks: BlockManager) -> None:
         self.config = config
         self.blocks = blocks
         self.estimator = AcceptanceEstimator(config.alpha_prior)
@@ -107,27 +113,28 @@ class Speculator:
         start = time.perf_counter()
         self.estimator.tick()
         limits = self._limits(decodes, prefills, start)
-        plans = {name: self._plan(name, decodes, load, limits) for name in _names(decodes)}
-        max_k = self._fit(decodes, plans, load.token_budget)
+        rows: dict[str, list[int]] = {}
+        for i, seq in enumerate(decodes):
+            rows.setdefault(seq.spec_state.policy, []).append(i)
+        groups = {name: self._plan(name, decodes, r, load, limits) for name, r in rows.items()}
+        max_k = self._fit(decodes, groups, load.token_budget)
         frontier = self.config.frontier_size or min(
-            (p.frontier_size for p in plans.values() if p.frontier_size), default=None)
-        overlapped = self.overlap is not None and any(max_k) and any(
-            p.overlap for p in plans.values())
-        if overlapped:
+            (g.plan.frontier_size for g in groups.values() if g.plan.frontier_size), default=None)
+        overlapped = any(g.plan.overlap for g in groups.values())
+        if self.overlap is not None and any(max_k) and overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
-                decodes, prefills, max_k, frontier, self._stop(plans), self._reserve,
+                decodes, prefills, max_k, frontier, self._stop(groups), self._reserve,
                 self._draft_budget(decodes, prefills, max_k, frontier),
             )
         else:
             proposal, verdicts, prefill_tokens = self._sequential(
-                decodes, prefills, max_k, frontier, plans, load, limits
-            )
+                decodes, prefills, max_k, frontier, groups, load)
         self._observe(decodes, proposal, verdicts)
         ks = [len(d) for d in proposal.draft_token_ids]
-        self._record(plans, ks, verdicts, frontier, time.perf_counter() - start, limits)
+        self._record(groups, ks, verdicts, frontier, time.perf_counter() - start, limits)
         return verdicts, prefill_tokens
 
-    def _sequential(self, decodes, prefills, max_k, frontier, plans, load, limits):
+    def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
         """Draft, trim, then verify; each phase's time teaches the cost model (a decode-only
         step in one frontier: a prefill's or several frontiers' time is priced apart)."""
         if self.overlap is not None:
@@ -135,12 +142,12 @@ class Speculator:
         proposal, draft_s = Proposal.empty(len(decodes)), 0.0
         if any(max_k):
             begin = time.perf_counter()
-            proposal = self.proposer.propose(decodes, max_k, self._stop(plans))
+            proposal = self.proposer.propose(decodes, max_k, self._stop(groups))
             draft_s = time.perf_counter() - begin
-            proposal.truncate(self._trim(decodes, proposal, plans, load, limits))
+            proposal.truncate(self._trim(decodes, proposal, groups, load))
         begin = time.perf_counter()
         verdicts, prefill_tokens = self.verifier.verify(
-            decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, plans)
+            decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, groups)
         )
         verify_s = time.perf_counter() - begin
         if self.cost is not None and not prefills and frontier is None:
@@ -150,16 +157,20 @@ class Speculator:
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _plan(self, name: str, decodes, load: LoadView, limits: Limits) -> StepPlan:
-        policy = self.policy(name)
-        group = [s for s in decodes if s.spec_state.policy == name]
+    def _plan(self, name: str, decodes, rows: list[int], load: LoadView, limits: Limits) -> _Group:
+        policy, seqs = self.policy(name), [decodes[i] for i in rows]
+        deadlines = limits.tpot_deadlines_s
+        if deadlines is not None:
+            deadlines = tuple(deadlines[i] for i in rows)
+        if deadlines is not None and all(d is None for d in deadlines):
+            deadlines = None
+        limits = replace(limits, tpot_deadlines_s=deadlines)
         # only the planner prices a draft's catch-up: static and off policies skip the loop
-        lags = [_priced_lag(s) for s in group] if isinstance(policy, FaserPolicy) else []
-        plan = policy.plan([s.spec_state for s in group], load,
-                           self._group_limits(name, decodes, limits), lags)
+        lags = [_priced_lag(s) for s in seqs] if isinstance(policy, FaserPolicy) else []
+        plan = policy.plan([s.spec_state for s in seqs], load, limits, lags)
         if name == self.config.policy:
             self.mode = plan.mode
-        return plan
+        return _Group(policy, rows, limits, plan)
 
     def _limits(self, decodes, prefills, now: float) -> Limits:
         """The SLO's step limits over the whole batch: the TTFT of the prefills ending in this
@@ -170,21 +181,10 @@ class Speculator:
             tpot_deadlines_s=tuple(deadlines) if any(d is not None for d in deadlines) else None,
         )
 
-    @staticmethod
-    def _group_limits(name: str, decodes, limits: Limits) -> Limits:
-        if limits == NO_LIMITS:
-            return limits
-        deadlines = limits.tpot_deadlines_s
-        if deadlines is not None:
-            group = [d for s, d in zip(decodes, deadlines, strict=True)
-                     if s.spec_state.policy == name]
-            deadlines = tuple(group) if any(d is not None for d in group) else None
-        return Limits(None, limits.max_step_time_s, deadlines)
-
-    def _fit(self, decodes, plans: dict[str, StepPlan], budget: int) -> list[int]:
+    def _fit(self, decodes, groups: dict[str, _Group], budget: int) -> list[int]:
         """Caps each request's k by its plan, the token budget and the free KV blocks (never
         preempting anyone for speculation)."""
-        cursors = {name: iter(plan.max_k) for name, plan in plans.items()}
+        cursors = {name: iter(g.plan.max_k) for name, g in groups.items()}
         max_k = []
         for seq in decodes:
             k = min(next(cursors[seq.spec_state.policy]), seq.spec_state.max_k, budget)
@@ -194,36 +194,31 @@ class Speculator:
             max_k.append(k)
         return max_k
 
-    def _not_drafting(self, decodes, prefills, plans: dict[str, StepPlan]) -> frozenset[str]:
-        """Requests whose target features are not kept: the decoding ones whose policy's plan is
-        off this step, so that a step where nobody drafts costs what policy `off`'s does, and
-        those of policy `off`. A prompt keeps its features whatever the step's plan: a plan is
-        off for a step far more often than its requests stop drafting (a prefill took the token
-        budget, requests queue, the last plan at one request drafted nothing), and a draft that
-        reads a prompt without them guesses worse for the whole request."""
-        off = [s for s in decodes if plans[s.spec_state.policy].mode == "off"]
+    def _not_drafting(self, decodes, prefills, groups: dict[str, _Group]) -> frozenset[str]:
+        """Requests whose target features are not kept: the decoding ones whose plan is off, so
+        that such a step costs what policy `off`'s does, and the prompts of policy `off` (a plan
+        is off far more often than its requests stop drafting, and a draft that reads a prompt
+        without its features guesses worse for the whole request)."""
+        off = [s for s in decodes if groups[s.spec_state.policy].plan.mode == "off"]
         off += [s for s, _ in prefills if s.spec_state.policy == "off"]
         return frozenset(s.request_id for s in off)
 
     def _reserve(self, seq: SpecRequest, num_slots: int) -> bool:
         return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)
 
-    def _stop(self, plans: dict[str, StepPlan]) -> float | None:
+    def _stop(self, groups: dict[str, _Group]) -> float | None:
         """The draft's own stop rule (a line whose cumulative confidence fell below the
         threshold is cut while drafting) for the policies that trim by confidence."""
-        faser = any(isinstance(self.policy(name), FaserPolicy) for name in plans)
+        faser = any(isinstance(g.policy, FaserPolicy) for g in groups.values())
         return self.config.draft_stop_confidence if faser else None
 
-    def _trim(self, decodes, proposal: Proposal, plans, load: LoadView, limits: Limits):
+    def _trim(self, decodes, proposal: Proposal, groups: dict[str, _Group], load: LoadView):
         ks = [len(d) for d in proposal.draft_token_ids]
-        for name, plan in plans.items():
-            rows = [i for i, s in enumerate(decodes) if s.spec_state.policy == name]
-            states = [decodes[i].spec_state for i in rows]
-            confidences = [proposal.confidences[i] for i in rows]
-            trimmed = self.policy(name).trim(
-                plan, states, confidences, load, self._group_limits(name, decodes, limits)
-            )
-            for i, k in zip(rows, trimmed, strict=True):
+        for g in groups.values():
+            states = [decodes[i].spec_state for i in g.rows]
+            confidences = [proposal.confidences[i] for i in g.rows]
+            trimmed = g.policy.trim(g.plan, states, confidences, load, g.limits)
+            for i, k in zip(g.rows, trimmed, strict=True):
                 ks[i] = min(ks[i], max(0, k))
         return ks
 
@@ -258,34 +253,28 @@ class Speculator:
                                    looked_up, calibrate=seq.params.greedy)
             self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
 
-    def _record(self, plans, ks: list[int], verdicts, frontier, elapsed: float,
-                limits: Limits) -> None:
+    def _record(self, groups: dict[str, _Group], ks: list[int], verdicts, frontier,
+                elapsed: float, limits: Limits) -> None:
         self.num_steps += 1
         if not self.trace.enabled or not verdicts:
             return
-        name = self.config.policy if self.config.policy in plans else next(iter(plans))
-        plan = plans[name]
-        choice = plan.choice
+        name = self.config.policy if self.config.policy in groups else next(iter(groups))
+        plan = groups[name].plan
+        choice, cost = plan.choice, self.cost
         slo = {}
         if limits != NO_LIMITS:
-            slo = {
-                "slo_max_step_time_s": limits.max_step_time_s,
-                "slo_tpot_deadlines_s": limits.tpot_deadlines_s,
-                "slo_met_predicted": choice.meets_limits if choice else None,
-            }
+            slo = {"slo_max_step_time_s": limits.max_step_time_s,
+                   "slo_tpot_deadlines_s": limits.tpot_deadlines_s,
+                   "slo_met_predicted": choice.meets_limits if choice else None}
         self.trace.record(
             self.num_steps, plan.mode, ks, frontier,
             predicted_accepted=list(choice.expected_accepted) if choice else None,
             realised_accepted=[v.num_accepted for v in verdicts],
             predicted_time_s=choice.step_time_s if choice else None,
-            measured_time_s=elapsed,
-            planned_k=list(plan.max_k),
-            cluster_load=self._cluster_load,
-            policy=name,
-            target_scale=self.cost.target_scale if self.cost else None,
-            decode_scale=self.cost.decode_scale if self.cost else None,
-            draft_scale=self.cost.draft_scale if self.cost else None,
-            **slo,
+            measured_time_s=elapsed, planned_k=list(plan.max_k), cluster_load=self._cluster_load,
+            policy=name, target_scale=cost.target_scale if cost else None,
+            decode_scale=cost.decode_scale if cost else None,
+            draft_scale=cost.draft_scale if cost else None, **slo,
         )
 
 
@@ -296,7 +285,3 @@ def _priced_lag(seq: SpecRequest) -> float:
     missed = seq.num_tokens - seq.num_draft_cached - 1
     left = max(1, seq.params.max_tokens - len(seq.output_token_ids))
     return 1.0 + max(0, missed) / left
-
-
-def _names(decodes: list[SpecRequest]) -> list[str]:
-    return list(dict.fromkeys(s.spec_state.policy for s in decodes))

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 from typing import IO
 
-from faser.config import SpecConfig
-
 
 class DecisionTrace:
     """Appends to `path`; a no-op when `path` is None."""
@@ -20,43 +18,25 @@ class DecisionTrace:
         self._file: IO[str] | None = None
         self._lock = threading.Lock()  # the async engine and metrics may record from two threads
 
-    @classmethod
-    def from_config(cls, config: SpecConfig) -> DecisionTrace:
-        return cls(config.trace_path)
-
     @property
     def enabled(self) -> bool:
         return self.path is not None
 
     def record(
-        self,
-        step: int,
-        mode: str,
-        ks: list[int],
-        frontier_size: int | None = None,
-        *,
-        predicted_accepted: list[float] | None = None,
-        realised_accepted: list[int] | None = None,
-        predicted_time_s: float | None = None,
-        measured_time_s: float | None = None,
+        self, step: int, mode: str, ks: list[int], frontier_size: int | None = None, *,
+        predicted_accepted: list[float] | None = None, realised_accepted: list[int] | None = None,
+        predicted_time_s: float | None = None, measured_time_s: float | None = None,
         **extra: object,
     ) -> None:
-        """One step: the mode, k per request, the frontier size (None: one frontier), the expected
-        accepted tokens per request against those accepted, the predicted step time against the
-        measured one, and anything else worth keeping (pressure, cluster load, notes)."""
+        """One step: its mode, k per request and frontier size (None: one), the predicted accepted
+        tokens and step time beside the realised ones, and any `extra` fields."""
         if self.path is None:
             return
         line = {
-            "time": time.time(),
-            "step": step,
-            "mode": mode,
-            "k": list(ks),
-            "frontier_size": frontier_size,
-            "predicted_accepted": predicted_accepted,
-            "realised_accepted": realised_accepted,
-            "predicted_time_s": predicted_time_s,
-            "measured_time_s": measured_time_s,
-            **extra,
+            "time": time.time(), "step": step, "mode": mode, "k": list(ks),
+            "frontier_size": frontier_size, "predicted_accepted": predicted_accepted,
+            "realised_accepted": realised_accepted, "predicted_time_s": predicted_time_s,
+            "measured_time_s": measured_time_s, **extra,
         }
         text = json.dumps(line, default=str)
         with self._lock:

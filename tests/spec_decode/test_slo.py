@@ -88,7 +88,7 @@ def test_slo_from_the_api_in_milliseconds():
     assert Slo.parse({}) is None
     assert Slo.parse({"tpot_ms": 50}) == Slo(tpot_s=0.05)
     assert Slo.parse({"tpot_ms": 20.0, "ttft_ms": 500}) == Slo(0.02, 0.5)
-    assert Slo.from_ms(None, None) is None
+    assert Slo.parse({"tpot_ms": None, "ttft_ms": None}) is None
 
 
 @pytest.mark.parametrize(

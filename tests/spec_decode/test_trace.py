@@ -4,7 +4,7 @@ from faser.spec_decode.trace import DecisionTrace, read_trace
 
 def test_trace_appends_one_json_line_per_step(tmp_path):
     path = tmp_path / "sub" / "trace.jsonl"
-    trace = DecisionTrace.from_config(SpecConfig(trace_path=str(path)))
+    trace = DecisionTrace(SpecConfig(trace_path=str(path)).trace_path)
     assert trace.enabled
     trace.record(
         0,
@@ -28,7 +28,7 @@ def test_trace_appends_one_json_line_per_step(tmp_path):
 
 
 def test_trace_is_a_no_op_without_a_path(tmp_path):
-    trace = DecisionTrace.from_config(SpecConfig())
+    trace = DecisionTrace(SpecConfig().trace_path)
     assert not trace.enabled
     trace.record(0, "off", [0])
     trace.close()
