@@ -159,12 +159,10 @@ class Speculator:
 
     def _plan(self, name: str, decodes, rows: list[int], load: LoadView, limits: Limits) -> _Group:
         policy, seqs = self.policy(name), [decodes[i] for i in rows]
-        deadlines = limits.tpot_deadlines_s
-        if deadlines is not None:
-            deadlines = tuple(deadlines[i] for i in rows)
-        if deadlines is not None and all(d is None for d in deadlines):
-            deadlines = None
-        limits = replace(limits, tpot_deadlines_s=deadlines)
+        if limits.tpot_deadlines_s is not None:
+            mine = tuple(limits.tpot_deadlines_s[i] for i in rows)
+            given = any(d is not None for d in mine)
+            limits = replace(limits, tpot_deadlines_s=mine if given else None)
         # only the planner prices a draft's catch-up: static and off policies skip the loop
         lags = [_priced_lag(s) for s in seqs] if isinstance(policy, FaserPolicy) else []
         plan = policy.plan([s.spec_state for s in seqs], load, limits, lags)
