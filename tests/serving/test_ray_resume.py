@@ -22,10 +22,10 @@ pytestmark = pytest.mark.ray
 APP = "resume"
 MODEL = "tiny"
 NUM_STREAMS = 8
-MAX_TOKENS = 160
+MAX_TOKENS = 400  # long enough that the kill, once every stream has begun, lands mid-stream
 PROMPTS = [f"{word} {i}" for i, word in enumerate(
     ["Hello", "The quick", "One two", "Ray Serve", "def add", "Speculative", "world", "fox"])]
-WAIT_S = 60  # for every stream's first chunk: a failed stream breaks the barrier, not the run
+WAIT_S = 60  # for every stream's first chunk
 STARTED_ON: list[str] = []  # the replica of each stream, in the order their first chunks came
 KILLED: dict = {}  # the replica killed and when
 
@@ -35,7 +35,7 @@ def client(request, ray_serve, tiny_pair):
     target, draft = tiny_pair
     app = build_app({
         "model": str(target), "draft_model": str(draft), "served_model_name": MODEL,
-        "policy": "off", "max_model_len": 256, "num_kv_blocks": 256,
+        "policy": "off", "max_model_len": 512, "num_kv_blocks": 320,
         "max_num_seqs": NUM_STREAMS + 1, "max_ongoing_requests": NUM_STREAMS + 1,
         "max_queued_requests": 4 * NUM_STREAMS, "num_replicas": request.param,
         "num_cpus": 0.5, "torch_threads": 1,
@@ -62,7 +62,7 @@ class Streamed:
         return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
-def stream(client: openai.OpenAI, prompt: str, started: threading.Barrier | None) -> Streamed:
+def stream(client: openai.OpenAI, prompt: str, started: threading.Semaphore | None) -> Streamed:
     raw = client.completions.with_raw_response.create(
         model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
         stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
@@ -80,7 +80,7 @@ def stream(client: openai.OpenAI, prompt: str, started: threading.Barrier | None
         out.finish_reason = chunk.choices[0].finish_reason or out.finish_reason
         if started is not None and len(out.chunk_times) == 1:
             STARTED_ON.append(out.replica)
-            started.wait(WAIT_S)
+            started.release()  # and go on reading: chunk times are when the chunks came
     return out
 
 
@@ -92,24 +92,33 @@ def complete(client: openai.OpenAI, prompt: str) -> tuple[str, tuple[int, int]]:
     return done.choices[0].text, (done.usage.prompt_tokens, done.usage.completion_tokens)
 
 
-def run_streams(client: openai.OpenAI, started: threading.Barrier | None = None) -> tuple:
+def run_streams(client: openai.OpenAI, started: threading.Semaphore | None = None) -> tuple:
     """The eight streams, and one non-streamed request for the first prompt beside them."""
     with concurrent.futures.ThreadPoolExecutor(NUM_STREAMS + 1) as pool:
         whole = pool.submit(complete, client, PROMPTS[0])
         futures = [pool.submit(stream, client, prompt, started) for prompt in PROMPTS]
         if started is not None:
-            started.wait(WAIT_S)  # every stream has its first chunk: now the replica dies
-            kill_replica(STARTED_ON[0])
+            pids = replica_pids()  # looked up first: the kill itself takes no time
+            for _ in PROMPTS:  # every stream has its first chunk: now the replica dies
+                assert started.acquire(timeout=WAIT_S), "a stream never began"
+            os.kill(pids[STARTED_ON[0]], signal.SIGKILL)
+            KILLED.update(replica=STARTED_ON[0], at=time.monotonic())
         return [f.result() for f in futures], whole.result()
 
 
-def kill_replica(replica: str) -> None:
-    """SIGKILL the replica's worker process (Ray's actor table has its pid)."""
-    name = f"SERVE_REPLICA::{APP}#FaserEngine#{replica}"
-    actors = ray._private.state.actors().values()
-    pid = next(a["Pid"] for a in actors if a["Name"] == name and a["State"] == "ALIVE")
-    os.kill(pid, signal.SIGKILL)
-    KILLED.update(replica=replica, at=time.monotonic())
+def replica_pids() -> dict[str, int]:
+    """The worker pid of each live engine replica, by replica id (Ray's actor table has them)."""
+    prefix = f"SERVE_REPLICA::{APP}#FaserEngine#"
+    return {
+        a["Name"].removeprefix(prefix): a["Pid"] for a in ray._private.state.actors().values()
+        if a["Name"].startswith(prefix) and a["State"] == "ALIVE"
+    }
+
+
+def test_replicas_report_how_many_the_cluster_holds(client):
+    """max_replicas="auto" (the default): 2 CPUs hold 4 replicas of half a CPU each."""
+    handle = serve.get_deployment_handle("FaserEngine", app_name=APP)
+    assert handle.record_autoscaling_stats.remote().result()["max_replicas"] == 4.0
 
 
 def test_kill_9_of_the_serving_replica_loses_no_stream(client):
@@ -117,7 +126,7 @@ def test_kill_9_of_the_serving_replica_loses_no_stream(client):
     assert all(s.finish_reason == "length" and s.usage[1] == MAX_TOKENS for s in undisturbed)
 
     STARTED_ON.clear()
-    started = threading.Barrier(NUM_STREAMS + 1)
+    started = threading.Semaphore(0)
     resumed, whole = run_streams(client, started)
     assert whole == (undisturbed[0].text, undisturbed[0].usage)
     hit = [s for s in resumed if s.replica == KILLED["replica"]]
@@ -132,9 +141,3 @@ def test_kill_9_of_the_serving_replica_loses_no_stream(client):
         assert (after.finish_reason, after.usage) == (before.finish_reason, before.usage)
         assert len(after.ids) == 1  # one id for the whole answer, resumed or not
     print(f"\npause on resume: max gap {max(s.max_gap_s for s in hit):.2f} s")
-
-
-def test_replicas_report_how_many_the_cluster_holds(client):
-    """max_replicas="auto" (the default): 2 CPUs hold 4 replicas of half a CPU each."""
-    handle = serve.get_deployment_handle("FaserEngine", app_name=APP)
-    assert handle.record_autoscaling_stats.remote().result()["max_replicas"] == 4.0
