@@ -34,9 +34,10 @@ PROFILE_VERSION = 6  # raised whenever the points or the way of measuring them c
 # the knee: the first doubling of the tokens that costs sqrt(2) times as much (the growing part of
 # t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
-# weights of the newest step in the corrections: timing noise only slows a step down, so they
-# fall fast and rise slowly, as the profile's lower envelope does
-CORRECTION_DOWN, CORRECTION_UP = 0.2, 0.02
+# weight of the newest step in the corrections, which follow the mean step (goodput is tokens over
+# mean time; a lower envelope would price a two-phase speculative step below its mean, since
+# its phases seldom both end quickly, and the single-phase off step fairly)
+CORRECTION = 0.05
 # a step this many times slower than the corrections predict stalled: it teaches them nothing
 STALL = 4.0
 PROFILE_CACHE_ENV = "FASER_PROFILE_CACHE"
@@ -157,9 +158,8 @@ class CostModel:
 
 
 def _follow(estimate: float, sample: float, num_samples: int) -> float:
-    """The correction moved toward `sample`: the mean of the first few, then an asymmetric EMA."""
-    weight = CORRECTION_DOWN if sample < estimate else CORRECTION_UP
-    return estimate + max(weight, 1.0 / num_samples) * (sample - estimate)
+    """The correction moved toward `sample`: the mean of the first few, then an EMA."""
+    return estimate + max(CORRECTION, 1.0 / num_samples) * (sample - estimate)
 
 
 def profile(

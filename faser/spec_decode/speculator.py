@@ -121,39 +121,40 @@ class Speculator:
         frontier = self.config.frontier_size or min(
             (g.plan.frontier_size for g in groups.values() if g.plan.frontier_size), default=None)
         overlapped = any(g.plan.overlap for g in groups.values())
+        verify_start = None
         if self.overlap is not None and any(max_k) and overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
                 decodes, prefills, max_k, frontier, self._stop(groups), self._reserve,
                 self._draft_budget(decodes, prefills, max_k, frontier),
             )
         else:
-            proposal, verdicts, prefill_tokens = self._sequential(
+            proposal, verdicts, prefill_tokens, verify_start = self._sequential(
                 decodes, prefills, max_k, frontier, groups, load)
         self._observe(decodes, proposal, verdicts)
         ks = [len(d) for d in proposal.draft_token_ids]
-        self._record(groups, ks, verdicts, frontier, time.perf_counter() - start, limits)
+        end = time.perf_counter()
+        if verify_start is not None and self.cost is not None and not prefills and frontier is None:
+            self.cost.observe(len(decodes), ks, verify_start - start, end - verify_start)
+        self._record(groups, ks, verdicts, frontier, end - start, limits)
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
-        """Draft, trim, then verify; each phase's time teaches the cost model (a decode-only
-        step in one frontier: a prefill's or several frontiers' time is priced apart)."""
+        """Draft, trim, then verify; returns when verification began. The two phases, split
+        there, cover the whole step (planning and trimming with the draft, the bookkeeping after
+        verification with it): the cost model learns what a step costs, not only its forwards.
+        Only a decode-only step in one frontier teaches it: a prefill's or several frontiers'
+        time is priced apart."""
         if self.overlap is not None:
             self.overlap.forget()
-        proposal, draft_s = Proposal.empty(len(decodes)), 0.0
+        proposal = Proposal.empty(len(decodes))
         if any(max_k):
-            begin = time.perf_counter()
             proposal = self.proposer.propose(decodes, max_k, self._stop(groups))
-            draft_s = time.perf_counter() - begin
             proposal.truncate(self._trim(decodes, proposal, groups, load))
-        begin = time.perf_counter()
+        verify_start = time.perf_counter()
         verdicts, prefill_tokens = self.verifier.verify(
             decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, groups)
         )
-        verify_s = time.perf_counter() - begin
-        if self.cost is not None and not prefills and frontier is None:
-            ks = [len(d) for d in proposal.draft_token_ids]
-            self.cost.observe(len(decodes), ks, draft_s, verify_s)
-        return proposal, verdicts, prefill_tokens
+        return proposal, verdicts, prefill_tokens, verify_start
 
     # -- planning ---------------------------------------------------------------------------
 
