@@ -34,9 +34,9 @@ PROFILE_VERSION = 6  # raised whenever the points or the way of measuring them c
 # the knee: the first doubling of the tokens that costs sqrt(2) times as much (the growing part of
 # t = t0 + c n has caught up with the fixed part); below it the target is memory-bound
 KNEE_GROWTH = math.sqrt(2.0)
-# weight of the newest step in the corrections, which follow the mean step (goodput is tokens over
-# mean time; a lower envelope would price a two-phase speculative step below its mean, since
-# its phases seldom both end quickly, and the single-phase off step fairly)
+# weight of the newest step in the corrections, which follow the mean step: goodput is tokens over
+# mean time, and a lower envelope prices a two-phase speculative step further below its mean than
+# the one-phase off step (its phases seldom both end quickly)
 CORRECTION = 0.05
 # a step this many times slower than the corrections predict stalled: it teaches them nothing
 STALL = 4.0
