@@ -133,8 +133,9 @@ class CostModel:
 
     def observe(self, num_requests: int, ks: Sequence[int], draft_s: float,
                 verify_s: float) -> None:
-        """A decode-only sequential step that drafted `ks` in `draft_s` and verified them in
-        `verify_s`; a shape's first step and a stalled one are left out (the module docstring)."""
+        """A decode-only sequential step that drafted `ks`: `draft_s` up to its verification
+        (planning, drafting, trimming), `verify_s` from there to its end; a shape's first step and
+        a stalled one are left out (the module docstring)."""
         rows = num_requests + sum(ks)
         shape = (rows, max(ks, default=0))
         if rows < 1 or shape not in self._warm:
