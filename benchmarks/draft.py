@@ -5,6 +5,8 @@ On the Spec-Bench dev prompts (first turn, chat template, greedy), in the projec
   the target's own greedy path, so this is the probability that the draft's next token is the
   target's);
 - mean acceptance length (tokens committed per target step) at k = 2, 4, 6 (policy fixed:k);
+- coverage: the share of the target's greedy tokens that the draft's output vocabulary holds (a
+  draft with a reduced vocabulary never guesses the others; prompt lookup still may);
 - the draft's decode step time over the target's at batch 1 (same engine, same context);
 overall and per category. Prints a table; --json writes the figures."""
 
@@ -45,8 +47,9 @@ def load_prompts(path: Path, num_prompts: int) -> list[tuple[str, str]]:
     return picked
 
 
-def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
-    """Per request SpecStats of greedy generation with a fixed k, one batch of all prompts."""
+def run_fixed(args, k: int, prompts: list[list[int]]) -> tuple[list, torch.Tensor | None]:
+    """Greedy generation with a fixed k, one batch of all prompts: the outputs, and the draft's
+    output vocabulary as target ids (None: the whole of the target's)."""
     spec = SpecConfig(policy=f"fixed:{k}", prompt_lookup=args.prompt_lookup)
     llm = LLM(
         args.target, draft_model=args.draft, spec=spec,
@@ -55,7 +58,15 @@ def run_fixed(args, k: int, prompts: list[list[int]]) -> list:
         draft_weights=args.draft_weights,
     )
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
-    return [out.spec_stats for out in llm.generate(prompts, params)]
+    return llm.generate(prompts, params), llm.engine.pair.token_map
+
+
+def coverage(outputs: list, token_map: torch.Tensor | None) -> list[tuple[int, int]]:
+    """Per request, (its output tokens the draft's vocabulary holds, its output tokens)."""
+    if token_map is None:
+        return [(len(o.token_ids), len(o.token_ids)) for o in outputs]
+    held = set(token_map.tolist())
+    return [(sum(t in held for t in o.token_ids), len(o.token_ids)) for o in outputs]
 
 
 def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:
@@ -83,7 +94,9 @@ def step_ratio(args, context: list[int], repeats: int) -> dict[str, float]:
     return {"target_step_ms": 1e3 * target, "draft_step_ms": 1e3 * draft, "ratio": draft / target}
 
 
-def summarise(categories: list[str], stats_by_k: dict[int, list]) -> dict[str, dict]:
+def summarise(
+    categories: list[str], stats_by_k: dict[int, list], held: list[tuple[int, int]]
+) -> dict[str, dict]:
     groups = {"overall": list(range(len(categories)))}
     for i, c in enumerate(categories):
         groups.setdefault(c, []).append(i)
@@ -94,6 +107,7 @@ def summarise(categories: list[str], stats_by_k: dict[int, list]) -> dict[str, d
         entry = {
             "num_prompts": len(rows),
             "alpha": sum(s.num_accepted_tokens for s in one) / drafted if drafted else 0.0,
+            "coverage": _ratio(sum(held[i][0] for i in rows), sum(held[i][1] for i in rows)),
         }
         for k in K_VALUES:
             picked = [stats_by_k[k][i] for i in rows]
@@ -104,13 +118,18 @@ def summarise(categories: list[str], stats_by_k: dict[int, list]) -> dict[str, d
     return table
 
 
+def _ratio(part: int, whole: int) -> float:
+    return part / whole if whole else 0.0
+
+
 def print_table(table: dict[str, dict], timing: dict[str, float]) -> None:
-    header = f"{'category':<16}{'n':>4}{'alpha':>8}" + "".join(f"{f'tau@{k}':>8}" for k in K_VALUES)
+    taus = "".join(f"{f'tau@{k}':>8}" for k in K_VALUES)
+    header = f"{'category':<16}{'n':>4}{'alpha':>8}{taus}{'coverage':>10}"
     print(header)
     print("-" * len(header))
     for name, e in table.items():
         taus = "".join(f"{e[f'tau_k{k}']:>8.2f}" for k in K_VALUES)
-        print(f"{name:<16}{e['num_prompts']:>4}{e['alpha']:>8.3f}{taus}")
+        print(f"{name:<16}{e['num_prompts']:>4}{e['alpha']:>8.3f}{taus}{e['coverage']:>10.3f}")
     print(
         f"\nbatch-1 decode step: target {timing['target_step_ms']:.1f} ms, draft "
         f"{timing['draft_step_ms']:.1f} ms, draft/target {timing['ratio']:.3f}"
@@ -138,8 +157,12 @@ def main(argv: list[str] | None = None) -> None:
     categories = [c for c, _ in picked]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.target))
     prompts = [chat_ids(tokenizer, text) for _, text in picked]
-    stats_by_k = {k: run_fixed(args, k, prompts) for k in (1, *K_VALUES)}
-    table = summarise(categories, stats_by_k)
+    stats_by_k, held = {}, []
+    for k in (1, *K_VALUES):
+        outputs, token_map = run_fixed(args, k, prompts)
+        stats_by_k[k] = [out.spec_stats for out in outputs]
+        held = held or coverage(outputs, token_map)  # greedy: every k writes the same tokens
+    table = summarise(categories, stats_by_k, held)
     timing = step_ratio(args, prompts[0], args.timing_repeats)
     print_table(table, timing)
     if args.json:
