@@ -14,7 +14,10 @@ same run, rounds interleaved (ours, peer, ours, peer) so that drift on a shared 
 alike; `--peer-app-arg KEY=VALUE` / `--peer-env NAME=VALUE` instead start a second copy of the app
 here, with those arguments or environment (Ray's own switches, say), as the peer: an A/B of two
 settings in one run. `--offline` adds the engine's own figure on the same prompts, C and settings
-(`faser` in this process, closed loop, no HTTP), measured before the app starts. `--cpu` prints,
+(`faser` in this process, closed loop, no HTTP): ceil(rounds / 2) rounds before the served ones
+and as many after them (an app started here has stopped by then), pooled, so that the host's
+drift during the served rounds reaches the figure they are held against from both sides. Tables
+print once all is measured. `--cpu` prints,
 under each level, the cores each process of an app started here used during its rounds (the
 engine replica, the ingress, Serve's proxy and controller, Ray's daemons) and the client's own:
 where a served figure below the offline one went (benchmarks/cpu.py).
@@ -33,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -262,7 +266,7 @@ def print_level(summaries: Sequence[Summary], load: Load, max_tokens: int) -> No
         title += f"; TTFT p50 {ours.ttft_p50_s / by_server[PEER].ttft_p50_s:.2f}x the peer's"
     print_table(title, ["server", "done", "failed", "tok/s", "x peer", "x offline",
                         "TTFT p50 s", "p90 s", "p99 s", "TPOT p50 ms", "p90 ms", "p99 ms"], rows)
-    sys.stdout.flush()  # a level's table as soon as it is measured, also into a file
+    sys.stdout.flush()  # each table at once, also into a file
 
 
 def _ratio(summary: Summary, other: Summary | None) -> float | str:
@@ -325,28 +329,37 @@ def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
 # ---------------------------------------------------------------- the engine offline
 
 
-def offline_summaries(app_args: dict, texts: Sequence[str], loads: Sequence[Load],
-                      max_tokens: int) -> dict[int, Summary]:
-    """The engine with the app's settings (AppArgs.engine_config), in this process, closed loop
-    at each C over the same prompts: the figure the served path is held against."""
-    from benchmarks.driver import RunSpec, run_closed
-    from benchmarks.workload import BenchRequest
-    from deployments.args import AppArgs
-    from faser.engine.llm_engine import LLMEngine
+class Offline:
+    """The engine with the app's settings (AppArgs.engine_config) in this process, closed loop at
+    each C over the same prompts: the figure the served path is held against. `run` adds rounds;
+    `summaries` pools every round so far, level by level."""
 
-    engine = LLMEngine(AppArgs.model_validate(app_args).engine_config())
-    requests = [BenchRequest(tuple(render_chat(engine.tokenizer, t)), max_tokens) for t in texts]
-    run_closed(engine, [BenchRequest(requests[0].prompt_token_ids, WARMUP_TOKENS)], 1,
-               RunSpec("warmup", {}, ignore_eos=True))
-    summaries = {}
-    for load in loads:
-        result = run_closed(engine, requests, load.concurrency,
-                            RunSpec(f"offline-{load.concurrency}", {}, ignore_eos=True))
-        records = [_offline_record(out, load.concurrency, i)
-                   for i, out in enumerate(result.outputs)]
-        summaries[load.concurrency] = summarise(OFFLINE, Load(load.concurrency),
-                                                [Round(records, result.wall_s)])
-    return summaries
+    def __init__(self, app_args: dict, texts: Sequence[str], max_tokens: int) -> None:
+        from benchmarks.driver import RunSpec, run_closed
+        from benchmarks.workload import BenchRequest
+        from deployments.args import AppArgs
+        from faser.engine.llm_engine import LLMEngine
+
+        self.engine = LLMEngine(AppArgs.model_validate(app_args).engine_config())
+        self.requests = [BenchRequest(tuple(render_chat(self.engine.tokenizer, t)), max_tokens)
+                         for t in texts]
+        run_closed(self.engine, [BenchRequest(self.requests[0].prompt_token_ids, WARMUP_TOKENS)],
+                   1, RunSpec("warmup", {}, ignore_eos=True))
+        self.rounds: dict[int, list[Round]] = {}
+
+    def run(self, loads: Sequence[Load], num_rounds: int) -> None:
+        from benchmarks.driver import RunSpec, run_closed
+
+        for _ in range(num_rounds):
+            for load in loads:
+                c = load.concurrency
+                result = run_closed(self.engine, self.requests, c,
+                                    RunSpec(f"offline-{c}", {}, ignore_eos=True))
+                records = [_offline_record(out, c, i) for i, out in enumerate(result.outputs)]
+                self.rounds.setdefault(c, []).append(Round(records, result.wall_s))
+
+    def summaries(self) -> dict[int, Summary]:
+        return {c: summarise(OFFLINE, Load(c), rounds) for c, rounds in self.rounds.items()}
 
 
 def _offline_record(out, concurrency: int, index: int) -> RequestRecord:
@@ -578,11 +591,11 @@ def print_header(run: dict) -> None:
 
 
 def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Load],
-            args: argparse.Namespace, offline: dict[int, Summary]) -> tuple[list, list, list]:
-    """Every level in turn; within one, the servers take turns round by round. With `--cpu`, the
-    CPU each process of an app started here used during its rounds (and this program's own, the
-    client's) is printed under the level and returned, level by level."""
-    summaries: list[Summary] = []
+            args: argparse.Namespace) -> tuple[list, list, list]:
+    """Every level in turn; within one, the servers take turns round by round. Returns each
+    level's summaries, every request's record and, with `--cpu`, the CPU each process of an app
+    started here used during its rounds (and this program's own, the client's), level by level."""
+    levels: list[list[Summary]] = []
     records: list[RequestRecord] = []
     cpu_use: list[dict] = []
     for load in loads:
@@ -597,15 +610,25 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
                     watch.stop(target.pid, before)
                 rounds[target.server].append(done)
                 records += done.records
-        level = [summarise(t.server, load, rounds[t.server]) for t in targets]
-        level += [offline[load.concurrency]] if load.concurrency in offline else []
-        print_level(level, load, args.max_tokens)
-        for server, watch in use.items():
-            cores = watch.cores()
-            print_cpu(server, cores)
-            cpu_use.append({"server": server, "concurrency": load.concurrency, "cores": cores})
+        levels.append([summarise(t.server, load, rounds[t.server]) for t in targets])
+        cpu_use += [{"server": server, "concurrency": load.concurrency, "cores": watch.cores()}
+                    for server, watch in use.items()]
+    return levels, records, cpu_use
+
+
+def report(levels: Sequence[list[Summary]], loads: Sequence[Load], cpu_use: Sequence[dict],
+           offline: dict[int, Summary], max_tokens: int) -> list[Summary]:
+    """Prints each level's table (with the offline figure when measured) and the CPU lines under
+    it; returns every summary, level by level."""
+    summaries: list[Summary] = []
+    for load, level in zip(loads, levels, strict=True):
+        level = [*level, *([offline[load.concurrency]] if load.concurrency in offline else [])]
+        print_level(level, load, max_tokens)
+        for use in cpu_use:
+            if use["concurrency"] == load.concurrency:
+                print_cpu(use["server"], use["cores"])
         summaries += level
-    return summaries, records, cpu_use
+    return summaries
 
 
 def print_cpu(server: str, cores: dict[str, float], shown: int = 8) -> None:
@@ -626,7 +649,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     run = settings(args, app_args)
     print_header(run)
     texts = load_texts(args, app_args)
-    offline = offline_summaries(app_args, texts, loads, args.max_tokens) if args.offline else {}
+    offline = Offline(app_args, texts, args.max_tokens) if args.offline else None
+    half = max(1, math.ceil(args.rounds / 2))
+    if offline is not None:
+        offline.run(loads, half)
     with contextlib.ExitStack() as stack:
         ours = None if args.url else ServedApp(app_args)
         url = args.url or stack.enter_context(ours)
@@ -640,7 +666,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
             targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid))
         for target in targets:
             warm_up(target)
-        summaries, records, cpu_use = measure(targets, texts, loads, args, offline)
+        levels, records, cpu_use = measure(targets, texts, loads, args)
+    if offline is not None:  # the apps started here have stopped
+        offline.run(loads, half)
+    summaries = report(levels, loads, cpu_use, offline.summaries() if offline else {},
+                       args.max_tokens)
     out = {"settings": run, "summaries": [asdict(s) for s in summaries],
            "requests": [asdict(r) for r in records]}
     if args.cpu:
