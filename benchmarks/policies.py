@@ -99,6 +99,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "policy reports its best round (noise only ever slows a run down): "
                         "most tokens/s in closed loop, lowest mean latency on a trace")
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy, and every policy's output must equal the first's; above 0 "
+                        "request i is sampled with seed i (speculation keeps the target's "
+                        "distribution, not plain sampling's draws: no output check)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
@@ -229,6 +233,8 @@ def prepare(args: argparse.Namespace) -> Bench:
         raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if args.repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {args.repeats}")
+    if not args.temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {args.temperature}")
     torch.manual_seed(args.seed)
     max_c = max(parse_list(args.concurrency, int, "concurrency")) if args.concurrency else 32
     engine = build_engine(args, max_c)
@@ -318,7 +324,7 @@ def _level_name(record: dict) -> str:
 
 def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -> list[dict]:
     """Every policy once, starting with policy `shift`; records in the policies' own order. The
-    first run's outputs are the reference every other run must match."""
+    first run's outputs are the reference every other run must match when greedy."""
     count = len(bench.policies)
     order = [(shift + j) % count for j in range(count)]
     records: dict[int, dict] = {}
@@ -326,16 +332,21 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -
     for i in order:
         p = bench.policies[i]
         ignore_eos = args.ignore_eos or level.concurrency is None
-        run = RunSpec(f"L{n}-R{shift}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs)
+        run = RunSpec(f"L{n}-R{shift}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs,
+                      args.temperature)
         before = mode_steps(bench.engine, p.spec["policy"])
         result = run_level(bench.engine, level, run, bar)
         modes = _delta(before, mode_steps(bench.engine, p.spec["policy"]))
         reference = reference or [o.token_ids for o in result.outputs]
         record = {"policy": p.label, **level.fields, "max_tokens": args.max_tokens}
         record.update(summarise(result, bench.slo))
-        matches = [o.token_ids == ref for o, ref in zip(result.outputs, reference, strict=True)]
-        # greedy output is the target's own whatever the policy: every run must match the first
-        record["outputs_match_first_policy"] = sum(matches) / len(matches)
+        if args.temperature > 0:
+            record["temperature"] = args.temperature
+        else:
+            matches = [o.token_ids == ref
+                       for o, ref in zip(result.outputs, reference, strict=True)]
+            # greedy output is the target's own whatever the policy: every run must match the first
+            record["outputs_match_first_policy"] = sum(matches) / len(matches)
         if modes:
             record["mode_steps"] = modes
         if bench.slo.given:
@@ -354,7 +365,8 @@ def describe(args: argparse.Namespace) -> str:
         f"target {args.model or 'default (smollm2-135m-instruct)'}, "
         f"draft {args.draft_model or 'default'}, {args.device} {args.dtype} "
         f"({args.weight_format} weights, draft {args.draft_weights}), "
-        f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, greedy, "
+        f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, "
+        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}, "
         f"seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
         f"template), max_tokens {args.max_tokens}",

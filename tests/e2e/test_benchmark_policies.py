@@ -107,6 +107,25 @@ def test_repeats_rotate_the_order_and_keep_each_policys_best_round(bench_files):
     assert all(r["mean_latency_s"] == min(r["rounds_mean_latency_s"]) for r in opened)
 
 
+def test_sampled_requests_are_seeded_and_not_held_to_greedy_outputs(bench_files, capsys):
+    root = bench_files["root"]
+    args = [
+        "--model", str(bench_files["target"]), "--draft-model", str(bench_files["draft"]),
+        "--prompts", str(bench_files["prompts"]), "--num-prompts", "3", "--max-tokens", "6",
+        "--concurrency", "2", "--policies", "off,fixed:2",
+        "--profile-cache", str(root / "profiles"), "--no-progress",
+    ]
+    records = main([*args, "--temperature", "1.0"])
+    assert "temperature 1," in capsys.readouterr().out
+    assert [r["policy"] for r in records] == ["off", "fixed:2"]
+    for r in records:
+        assert r["temperature"] == 1.0 and "outputs_match_first_policy" not in r
+        assert r["num_output_tokens"] == 3 * 6
+    assert records[1]["mean_k"] > 0
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        main([*args, "--temperature", "-0.5"])
+
+
 def test_round_ratios_hold_faser_against_the_best_other_policy_of_each_round():
     def closed(policy, tok_s):
         return {"policy": policy, "concurrency": 4, "rounds_output_tokens_per_s": tok_s,
