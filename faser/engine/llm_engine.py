@@ -154,6 +154,7 @@ class LLMEngine:
         self._check_lengths(prompt_ids, params)
         state = self._spec_state(speculation)
         state.slo = Slo.parse(slo)
+        state.greedy = params.greedy
         generator = torch.Generator()
         generator.manual_seed(params.seed if params.seed is not None else torch.seed())
         seq = Sequence(request_id, prompt_ids, params, state, generator)

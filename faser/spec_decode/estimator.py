@@ -6,9 +6,10 @@
 - Both age with every engine step back toward their prior: an estimate that fell below what pays
   is not measured again until its owner drafts, so a run of rejections would otherwise switch
   drafting off for good.
-- After drafting, token t's chance blends alpha_i with the draft's calibrated confidence in it (how
-  often tokens drafted with that confidence were accepted), as a small draft's raw probability is
-  no acceptance rate.
+- After drafting, a greedy request's token t blends alpha_i with the draft's calibrated confidence
+  in it (how often tokens drafted with that confidence were accepted), as a small draft's raw
+  probability is no acceptance rate. A sampled request's tokens keep alpha_i: their confidences,
+  the chances of tokens drawn at its temperature, are not on the calibration's scale.
 - A verification is a run of trials that stops at the first rejection, so it counts the accepted
   positions and the rejected one: accepted / drafted would read 0.59 for a rate of 0.8 at k = 4.
 """
@@ -61,6 +62,8 @@ class AcceptanceEstimator:
     def after_draft(self, state: SpecState, confidences: Sequence[float]) -> list[float]:
         """Acceptance chances of its drafted tokens, from the draft's confidence in each."""
         w, alpha = CONFIDENCE_WEIGHT, self.alpha(state)
+        if not state.greedy:
+            return [alpha] * len(confidences)
         return [w * self.calibrated(q) + (1.0 - w) * alpha for q in confidences]
 
     def calibrated(self, q: float) -> float:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from faser.runner.lanes import Lanes
-from faser.spec_decode.proposer import Proposal, Proposer
+from faser.spec_decode.proposer import Proposal, Proposer, stop_for
 from faser.spec_decode.request import SpecRequest
 from faser.spec_decode.verifier import FrontierItem, Verdict, Verifier, frontier_checks
 
@@ -206,7 +206,7 @@ class OverlapStep:
             contexts = [r.line.context() for r in active]
             drafted = self.proposer.extend([r.seq for r in active], contexts)
             for r, (token, q, confidence) in zip(active, drafted, strict=True):
-                r.line.append(token, q, confidence, stop)
+                r.line.append(token, q, confidence, stop_for(r.seq, stop))
             forwards += 1
         return forwards
 
@@ -228,7 +228,7 @@ class OverlapStep:
         r.drafted = DraftLine(line.base, line.tokens[:n], line.probs[:n], line.confidences[:n])
         r.verdict.num_pruned = r.k + 1 - (r.seq.num_cached - r.start)
         old = line.context()
-        r.line = line.rebase(r.verdict.token_ids, stop)
+        r.line = line.rebase(r.verdict.token_ids, stop_for(r.seq, stop))
         # the draft cache holds old[:num_draft_cached]; keep only what the new line shares
         new = r.line.context()
         same = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b),

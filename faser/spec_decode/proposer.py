@@ -2,8 +2,10 @@
 
 Iteration 0 feeds each request every token its draft cache lacks (usually the newest one or two,
 the whole prompt after a prefill) and iteration j > 0 feeds the previous draft token; request i
-leaves after k_i tokens, or earlier when the draft's cumulative confidence in its own guesses
-falls below a threshold (the guesses past that point would almost surely be rejected).
+leaves after k_i tokens, or, greedy, earlier when the draft's cumulative confidence in its own
+guesses falls below a threshold (the guesses past that point would almost surely be rejected; a
+sampled request's confidence is the chance of a token drawn at its temperature, low whatever the
+chance that the target accepts it).
 
 A feature draft (faser.models.feature_draft) also reads, for each committed token it is fed, the
 target's hidden state before it, and for each of its own guesses its own output of the previous
@@ -120,7 +122,7 @@ class Proposer:
             step += 1
             active = [
                 i for i in active
-                if step < max_k[i] and (stop_confidence is None or cumulative[i] >= stop_confidence)
+                if step < max_k[i] and not stops(seqs[i], cumulative[i], stop_confidence)
             ]
         for i, q in enumerate(q_rows):
             if q:
@@ -257,6 +259,16 @@ class Proposer:
         if seq.params.greedy:
             return int(row.argmax())
         return sample_inverse_cdf(row, float(torch.rand(1, generator=seq.generator)))
+
+
+def stop_for(seq: SpecRequest, stop: float | None) -> float | None:
+    """The cumulative confidence below which `seq`'s draft line stops: greedy requests only."""
+    return stop if seq.params.greedy else None
+
+
+def stops(seq: SpecRequest, cumulative: float, stop: float | None) -> bool:
+    threshold = stop_for(seq, stop)
+    return threshold is not None and cumulative < threshold
 
 
 def prefer_lookup(

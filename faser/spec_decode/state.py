@@ -17,3 +17,6 @@ class SpecState:
     observed_at: int = 0  # the estimator's step when they were last updated
     k: int = 0  # the current k of stateful policies (heuristic)
     slo: Slo | None = None  # the request's TTFT / TPOT targets, if it has any
+    # its draft's confidences are on the calibration's scale (greedy; a sampled request's are
+    # the chances of tokens drawn at its temperature)
+    greedy: bool = True

@@ -198,3 +198,10 @@ def test_after_drafting_the_calibrated_confidence_blends_with_alpha():
         [w * 0.9 + (1 - w) * 0.5, w * 0.1 + (1 - w) * 0.5]
     )
     assert estimator.after_draft(state, []) == []
+
+
+def test_a_sampled_requests_drafts_keep_its_own_rate():
+    # its confidences are the chances of tokens drawn at its temperature, not the calibration's
+    estimator, state = AcceptanceEstimator(0.5), fresh()
+    state.greedy = False
+    assert estimator.after_draft(state, [0.9, 0.01]) == [0.5, 0.5]

@@ -156,6 +156,16 @@ def test_a_line_stops_once_its_cumulative_confidence_falls_below_the_threshold(
         assert any(1 < n < k for n, k in zip(lengths, max_k, strict=True))
 
 
+def test_only_greedy_lines_stop_on_low_confidence(draft):
+    # a sampled token's confidence is its chance at the request's temperature, low whatever the
+    # chance that the target accepts it: a sampled line runs to its k
+    rig = Rig(draft)
+    greedy, sampled = rig.requests(PROMPTS[:1]), rig.requests(PROMPTS[1:2], SAMPLED, seed=5)
+    sampled[0].request_id = "sampled"
+    proposal = rig.propose(greedy + sampled, [4, 4], stop_confidence=1.0)
+    assert [len(t) for t in proposal.draft_token_ids] == [1, 4]
+
+
 def test_sampled_requests_carry_distributions_over_the_target_vocabulary(draft):
     rig = Rig(draft)
     seqs = rig.requests(PROMPTS[:2], SAMPLED, seed=5) + rig.requests(PROMPTS[2:3])
