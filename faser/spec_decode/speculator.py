@@ -4,8 +4,8 @@
   plans its own requests over the shared acceptance estimator and cost model.
 - A step in which nobody drafts runs as policy `off` does: no draft forward and, while the faser
   controller is off, no planning and no target features kept.
-- A sequential step that the faser planner shaped teaches the cost model its phases' times; a
-  step whose plan is `overlap` runs on the engine's lanes (faser.spec_decode.overlap).
+- A sequential step teaches the cost model its phases' times; a step whose plan is `overlap`
+  runs on the engine's lanes (faser.spec_decode.overlap).
 """
 
 from __future__ import annotations
@@ -133,8 +133,7 @@ class Speculator:
         self._observe(decodes, proposal, verdicts)
         ks = [len(d) for d in proposal.draft_token_ids]
         end = time.perf_counter()
-        decode_only = not prefills and frontier is None
-        if verify_start is not None and decode_only and self._teaches_cost(groups):
+        if verify_start is not None and self.cost is not None and not prefills and frontier is None:
             self.cost.observe(len(decodes), ks, verify_start - start, end - verify_start)
         self._record(groups, ks, verdicts, frontier, end - start, limits)
         return verdicts, prefill_tokens
@@ -171,15 +170,6 @@ class Speculator:
         if name == self.config.policy:
             self.mode = plan.mode
         return _Group(policy, rows, limits, plan)
-
-    def _teaches_cost(self, groups: dict[str, _Group]) -> bool:
-        """Whether the cost model learns from this step: only when the planner shaped all of it.
-        Its corrections scale the profile, which prices neither a step's own share of planning and
-        Python nor its sampling; another policy's shapes (dsd's four draft forwards a step, say)
-        teach scales that misprice the planner's own, and once such prices turn it off nothing of
-        its own corrects them."""
-        return self.cost is not None and all(isinstance(g.policy, FaserPolicy)
-                                             for g in groups.values())
 
     def _limits(self, decodes, prefills, now: float) -> Limits:
         """The SLO's step limits over the whole batch: the TTFT of the prefills ending in this
