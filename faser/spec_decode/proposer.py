@@ -122,7 +122,7 @@ class Proposer:
             step += 1
             active = [
                 i for i in active
-                if step < max_k[i] and not stops(seqs[i], cumulative[i], stop_confidence)
+                if step < max_k[i] and cumulative[i] >= (stop_for(seqs[i], stop_confidence) or 0.0)
             ]
         for i, q in enumerate(q_rows):
             if q:
@@ -264,11 +264,6 @@ class Proposer:
 def stop_for(seq: SpecRequest, stop: float | None) -> float | None:
     """The cumulative confidence below which `seq`'s draft line stops: greedy requests only."""
     return stop if seq.params.greedy else None
-
-
-def stops(seq: SpecRequest, cumulative: float, stop: float | None) -> bool:
-    threshold = stop_for(seq, stop)
-    return threshold is not None and cumulative < threshold
 
 
 def prefer_lookup(
