@@ -115,13 +115,7 @@ class Verifier:
         owners: list = []
         row = 0
         for it in items:
-            one = Proposal([it.draft], [it.q], [[]])
-            u_accept, u_sample = it.uniforms
-            # _decode_entry reads the accept uniforms by draft position: put ours at the offset
-            padded = torch.cat([torch.zeros(it.offset), u_accept])
-            entry = _decode_entry(
-                it.seq, one, 0, logits, row, it.offset, it.size, (padded, u_sample)
-            )
+            entry = _decode_entry(it, logits[row : row + it.size])
             row += len(entry.checked) + int(entry.final)
             entries.append(entry)
             owners.append(it.verdict)
@@ -248,20 +242,18 @@ def _prefill_chunk(seq: SpecRequest, n: int) -> Chunk:
     return Chunk(seq.token_ids[start : start + n], start, seq.block_table, num_logits)
 
 
-def _decode_entry(seq, proposal: Proposal, i: int, logits, row: int, j: int, f: int, uniforms):
-    draft = proposal.draft_token_ids[i]
-    n_inputs = min(f, len(draft) + 1 - j)
-    final = j + n_inputs == len(draft) + 1
-    checked = draft[j : j + n_inputs - int(final)]  # the last frontier's last row is the bonus
-    rows = logits[row : row + n_inputs]
+def _decode_entry(it: FrontierItem, logits: torch.Tensor) -> _Entry:
+    """The item's share of the frontier: `logits` start at its first row."""
+    n_inputs = min(it.size, len(it.draft) + 1 - it.offset)
+    final = it.offset + n_inputs == len(it.draft) + 1
+    checked = it.draft[it.offset : it.offset + n_inputs - int(final)]  # the last row: the bonus
+    rows = logits[:n_inputs]
     if not final:  # no bonus row in this frontier: repeat the last row; its sample is unused
         rows = torch.cat([rows, rows[-1:]])
-    q = proposal.draft_probs[i]
-    u_accept, u_sample = uniforms
-    return _Entry(
-        checked, rows, None if q is None else q[j : j + len(checked)],
-        u_accept[j : j + len(checked)], u_sample, seq.params, final, seq, history(seq, draft[:j]),
-    )
+    q = None if it.q is None else it.q[it.offset : it.offset + len(checked)]
+    u_accept, u_sample = it.uniforms
+    return _Entry(checked, rows, q, u_accept, u_sample, it.seq.params, final, it.seq,
+                  history(it.seq, it.draft[: it.offset]))
 
 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
