@@ -12,6 +12,10 @@
   the chances of tokens drawn at its temperature, are not on the calibration's scale.
 - A verification is a run of trials that stops at the first rejection, so it counts the accepted
   positions and the rejected one: accepted / drafted would read 0.59 for a rate of 0.8 at k = 4.
+- Drafts trimmed before verification count as the verification would likely have gone, by their
+  calibrated confidence: trimming drops the least confident, so the verified ones alone would
+  rate a request's next drafts above what drafting them yields, and it would keep drafting what
+  is trimmed again.
 """
 
 from __future__ import annotations
@@ -73,28 +77,44 @@ class AcceptanceEstimator:
         return (accepted + BIN_PRIOR_TRIALS * q) / (trials + BIN_PRIOR_TRIALS)
 
     def observe(self, state: SpecState, confidences: Sequence[float], num_accepted: int,
-                looked_up: Sequence[bool] = (), calibrate: bool = True) -> None:
-        """One request's verified draft tokens (their confidences) and how many were accepted.
-        Looked-up tokens count for the request's rate but not the draft's calibration: their
-        confidence is the lookup's precision, not the draft's."""
+                looked_up: Sequence[bool] = (), calibrate: bool = True,
+                trimmed: Sequence[float] = ()) -> None:
+        """One request's verified draft tokens (their confidences), how many were accepted, and
+        the confidences of the drafts trimmed after them. Looked-up tokens count for the
+        request's rate but not the draft's calibration: their confidence is the lookup's
+        precision, not the draft's."""
         k = len(confidences)
-        if k == 0:
+        if k == 0 and not trimmed:
             return
-        trials = num_accepted + int(num_accepted < k)
+        accepted, trials = float(num_accepted), float(num_accepted + int(num_accepted < k))
+        if num_accepted == k and trimmed:  # the line was still alive where trimming cut it
+            tail_accepted, tail_trials = _expected_run([self.calibrated(q) for q in trimmed])
+            accepted, trials = accepted + tail_accepted, trials + tail_trials
         aged = DECAY ** (self.num_steps - state.observed_at)
-        state.accepted = aged * state.accepted + num_accepted
+        state.accepted = aged * state.accepted + accepted
         state.trials = aged * state.trials + trials
         state.observed_at = self.num_steps
-        self._population = [self._population[0] + num_accepted, self._population[1] + trials]
+        self._population = [self._population[0] + accepted, self._population[1] + trials]
         state.alpha = self.alpha(state)
         if not calibrate:
             return
-        for t, q in enumerate(confidences[:trials]):
+        for t, q in enumerate(confidences[: num_accepted + int(num_accepted < k)]):
             if t < len(looked_up) and looked_up[t]:
                 continue
             b = _bin(q)
             self._bins_trials[b] += 1.0
             self._bins_accepted[b] += float(t < num_accepted)
+
+
+def _expected_run(chances: Sequence[float]) -> tuple[float, float]:
+    """Expected accepted tokens and trials of verifying tokens accepted with `chances`, in order,
+    until the first rejection."""
+    alive, accepted, trials = 1.0, 0.0, 0.0
+    for c in chances:
+        trials += alive
+        alive *= c
+        accepted += alive
+    return accepted, trials
 
 
 def _bin(q: float) -> int:

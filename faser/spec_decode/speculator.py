@@ -121,16 +121,16 @@ class Speculator:
         frontier = self.config.frontier_size or min(
             (g.plan.frontier_size for g in groups.values() if g.plan.frontier_size), default=None)
         overlapped = any(g.plan.overlap for g in groups.values())
-        verify_start = None
+        verify_start, trimmed = None, []
         if self.overlap is not None and any(max_k) and overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
                 decodes, prefills, max_k, frontier, self._stop(groups), self._reserve,
                 self._draft_budget(decodes, prefills, max_k, frontier),
             )
         else:
-            proposal, verdicts, prefill_tokens, verify_start = self._sequential(
+            proposal, trimmed, verdicts, prefill_tokens, verify_start = self._sequential(
                 decodes, prefills, max_k, frontier, groups, load)
-        self._observe(decodes, proposal, verdicts)
+        self._observe(decodes, proposal, verdicts, trimmed)
         ks = [len(d) for d in proposal.draft_token_ids]
         end = time.perf_counter()
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
@@ -139,22 +139,24 @@ class Speculator:
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
-        """Draft, trim, then verify; returns when verification began. The two phases, split
-        there, cover the whole step (planning and trimming with the draft, the bookkeeping after
-        verification with it): the cost model learns what a step costs, not only its forwards.
-        Only a decode-only step in one frontier teaches it: a prefill's or several frontiers'
-        time is priced apart."""
+        """Draft, trim, then verify; returns the trimmed drafts' confidences per request and
+        when verification began. The two phases, split there, cover the whole step (planning
+        and trimming with the draft, the bookkeeping after verification with it): the cost model
+        learns what a step costs, not only its forwards. Only a decode-only step in one frontier
+        teaches it: a prefill's or several frontiers' time is priced apart."""
         if self.overlap is not None:
             self.overlap.forget()
-        proposal = Proposal.empty(len(decodes))
+        proposal, trimmed = Proposal.empty(len(decodes)), []
         if any(max_k):
             proposal = self.proposer.propose(decodes, max_k, self._stop(groups))
-            proposal.truncate(self._trim(decodes, proposal, groups, load))
+            ks = self._trim(decodes, proposal, groups, load)
+            trimmed = [c[k:] for c, k in zip(proposal.confidences, ks, strict=True)]
+            proposal.truncate(ks)
         verify_start = time.perf_counter()
         verdicts, prefill_tokens = self.verifier.verify(
             decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, groups)
         )
-        return proposal, verdicts, prefill_tokens, verify_start
+        return proposal, trimmed, verdicts, prefill_tokens, verify_start
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -233,7 +235,8 @@ class Speculator:
 
     # -- after verification -------------------------------------------------------------------
 
-    def _observe(self, decodes, proposal: Proposal, verdicts: list[Verdict]) -> None:
+    def _observe(self, decodes, proposal: Proposal, verdicts: list[Verdict],
+                 trimmed: list[list[float]]) -> None:
         rows = zip(decodes, proposal.draft_token_ids, proposal.confidences, verdicts, strict=True)
         for row, (seq, drafted, confidences, verdict) in enumerate(rows):
             k = len(drafted)
@@ -244,13 +247,17 @@ class Speculator:
                 stats.num_accepted_tokens += verdict.num_accepted
                 stats.num_pruned_positions += verdict.num_pruned
             self.stats.count_step(k, verdict.num_accepted)
-            if k == 0:
+            # a sampled request's confidences are on another scale: they neither calibrate nor
+            # stand for its trimmed drafts (which its own rate, not their confidence, trimmed)
+            tail = trimmed[row] if trimmed and seq.params.greedy else ()
+            if k == 0 and not tail:
                 continue
             looked_up = proposal.looked_up[row] if proposal.looked_up else ()
-            # sampled requests' confidences are on another scale: they do not calibrate
             self.estimator.observe(seq.spec_state, confidences[:k], verdict.num_accepted,
-                                   looked_up, calibrate=seq.params.greedy)
-            self.policy(seq.spec_state.policy).observe(seq.spec_state, k, verdict.num_accepted)
+                                   looked_up, calibrate=seq.params.greedy, trimmed=tail)
+            if k > 0:
+                self.policy(seq.spec_state.policy).observe(seq.spec_state, k,
+                                                           verdict.num_accepted)
 
     def _record(self, groups: dict[str, _Group], ks: list[int], verdicts, frontier,
                 elapsed: float, limits: Limits) -> None:

@@ -205,3 +205,33 @@ def test_a_sampled_requests_drafts_keep_its_own_rate():
     estimator, state = AcceptanceEstimator(0.5), fresh()
     state.greedy = False
     assert estimator.after_draft(state, [0.9, 0.01]) == [0.5, 0.5]
+
+
+def test_trimmed_drafts_count_as_their_calibrated_chances():
+    """Unverified, they count as verifying them would likely have gone: with nothing calibrated
+    yet a confidence q is its own chance, so [0.2, 0.5] trimmed whole is 0.2 + 0.2 * 0.5
+    accepted of 1 + 0.2 trials; after a rejection among the verified ones they count nothing."""
+    estimator, state = AcceptanceEstimator(0.5), fresh()
+    estimator.observe(state, [], 0, trimmed=[0.2, 0.5])
+    assert (state.accepted, state.trials) == pytest.approx((0.3, 1.2))
+    state = fresh()
+    estimator.observe(state, [0.9], 1, trimmed=[0.3])
+    assert (state.accepted, state.trials) == pytest.approx((1.3, 2.0))
+    state = fresh()
+    estimator.observe(state, [0.9, 0.9], 1, trimmed=[0.3])
+    assert (state.accepted, state.trials) == pytest.approx((1.0, 2.0))
+
+
+@pytest.mark.parametrize("count_trimmed", [True, False])
+def test_a_rate_learned_behind_trimming_is_the_rate_of_what_is_drafted(count_trimmed):
+    """Each draft is accepted with its confidence q ~ U(0, 1) and trimmed below 0.5: the drafts
+    go 0.5 on average, the verified ones 0.75. Counting the trimmed ones reads the former."""
+    rng = random.Random(0)
+    estimator, state = AcceptanceEstimator(0.5), fresh()
+    for _ in range(4000):
+        q = rng.random()
+        if q < 0.5:
+            estimator.observe(state, [], 0, trimmed=[q] if count_trimmed else ())
+        else:
+            estimator.observe(state, [q], int(rng.random() < q))
+    assert estimator.prior == pytest.approx(0.5 if count_trimmed else 0.75, abs=0.03)
