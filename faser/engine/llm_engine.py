@@ -287,7 +287,6 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_prefill_tokens=sched.num_prefill_tokens,
             token_budget=sched.token_budget_left,
-            kv_usage=self.blocks.usage,
         )
 
     def load_stats(self) -> dict[str, float | int | str]:

@@ -34,7 +34,6 @@ class LoadView:
     num_waiting: int
     num_prefill_tokens: int  # prefill tokens already scheduled into this step's target batch
     token_budget: int  # target tokens still free in this step's batch
-    kv_usage: float  # fraction of KV blocks in use
 
 
 @dataclass(frozen=True, slots=True)

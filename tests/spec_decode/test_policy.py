@@ -31,8 +31,8 @@ def states(*alphas, max_k=8, policy="faser"):
     ]
 
 
-def load(num_running, budget=512, prefill=0, waiting=0, kv=0.1):
-    return LoadView(num_running, waiting, prefill, budget, kv)
+def load(num_running, budget=512, prefill=0, waiting=0):
+    return LoadView(num_running, waiting, prefill, budget)
 
 
 def static(name):
@@ -304,7 +304,6 @@ loads = st.builds(
     num_waiting=st.integers(0, 50),
     num_prefill_tokens=st.integers(0, 600),
     token_budget=st.integers(-5, 600),
-    kv_usage=UNIT,
 )
 profiles = st.sampled_from([roofline(), roofline(knee=4), linear(0.01, 0.001), linear(0.001, 0.01)])
 SECONDS = st.floats(-0.01, 0.2, allow_subnormal=False)

@@ -44,7 +44,7 @@ def states(*alphas, max_k=8):
 
 
 def load(n, budget=512):
-    return LoadView(n, 0, 0, budget, 0.1)
+    return LoadView(n, 0, 0, budget)
 
 
 def tpot(*deadlines):
