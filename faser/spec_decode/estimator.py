@@ -77,16 +77,19 @@ class AcceptanceEstimator:
         return (accepted + BIN_PRIOR_TRIALS * q) / (trials + BIN_PRIOR_TRIALS)
 
     def observe(self, state: SpecState, confidences: Sequence[float], num_accepted: int,
-                looked_up: Sequence[bool] = (), calibrate: bool = True,
-                trimmed: Sequence[float] = ()) -> None:
+                looked_up: Sequence[bool] = (), trimmed: Sequence[float] = ()) -> None:
         """One request's verified draft tokens (their confidences), how many were accepted, and
         the confidences of the drafts trimmed after them. Looked-up tokens count for the
         request's rate but not the draft's calibration: their confidence is the lookup's
-        precision, not the draft's."""
+        precision, not the draft's. A sampled request's confidences are not on the
+        calibration's scale: they neither calibrate nor stand for its trimmed drafts, which its
+        own rate, not their confidence, trimmed."""
         k = len(confidences)
+        trimmed = trimmed if state.greedy else ()
         if k == 0 and not trimmed:
             return
-        accepted, trials = float(num_accepted), float(num_accepted + int(num_accepted < k))
+        verified = num_accepted + int(num_accepted < k)  # trials up to the first rejection
+        accepted, trials = float(num_accepted), float(verified)
         if num_accepted == k and trimmed:  # the line was still alive where trimming cut it
             tail_accepted, tail_trials = _expected_run([self.calibrated(q) for q in trimmed])
             accepted, trials = accepted + tail_accepted, trials + tail_trials
@@ -96,9 +99,9 @@ class AcceptanceEstimator:
         state.observed_at = self.num_steps
         self._population = [self._population[0] + accepted, self._population[1] + trials]
         state.alpha = self.alpha(state)
-        if not calibrate:
+        if not state.greedy:
             return
-        for t, q in enumerate(confidences[: num_accepted + int(num_accepted < k)]):
+        for t, q in enumerate(confidences[:verified]):
             if t < len(looked_up) and looked_up[t]:
                 continue
             b = _bin(q)

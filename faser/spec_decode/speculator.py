@@ -247,14 +247,9 @@ class Speculator:
                 stats.num_accepted_tokens += verdict.num_accepted
                 stats.num_pruned_positions += verdict.num_pruned
             self.stats.count_step(k, verdict.num_accepted)
-            # a sampled request's confidences are on another scale: they neither calibrate nor
-            # stand for its trimmed drafts (which its own rate, not their confidence, trimmed)
-            tail = trimmed[row] if trimmed and seq.params.greedy else ()
-            if k == 0 and not tail:
-                continue
             looked_up = proposal.looked_up[row] if proposal.looked_up else ()
             self.estimator.observe(seq.spec_state, confidences[:k], verdict.num_accepted,
-                                   looked_up, calibrate=seq.params.greedy, trimmed=tail)
+                                   looked_up, trimmed[row] if trimmed else ())
             if k > 0:
                 self.policy(seq.spec_state.policy).observe(seq.spec_state, k,
                                                            verdict.num_accepted)

@@ -184,9 +184,10 @@ def test_looked_up_tokens_count_for_the_request_but_not_the_calibration():
     assert estimator.calibrated(0.35) == pytest.approx(0.35)
 
 
-def test_calibrate_false_leaves_the_bins_alone():
+def test_a_sampled_request_leaves_the_bins_alone():
     estimator, state = AcceptanceEstimator(0.5), fresh()
-    estimator.observe(state, [0.95] * 4, 0, calibrate=False)
+    state.greedy = False
+    estimator.observe(state, [0.95] * 4, 0)
     assert estimator.calibrated(0.95) == pytest.approx(0.95)
     assert state.trials == 1.0  # the request's own rate still learns
 
@@ -235,3 +236,11 @@ def test_a_rate_learned_behind_trimming_is_the_rate_of_what_is_drafted(count_tri
         else:
             estimator.observe(state, [q], int(rng.random() < q))
     assert estimator.prior == pytest.approx(0.5 if count_trimmed else 0.75, abs=0.03)
+
+
+def test_a_sampled_requests_trimmed_drafts_count_nothing():
+    # its own rate, not their confidences, trimmed them: there is no selection to correct
+    estimator, state = AcceptanceEstimator(0.5), fresh()
+    state.greedy = False
+    estimator.observe(state, [], 0, trimmed=[0.2, 0.5])
+    assert (state.accepted, state.trials) == (0.0, 0.0)
