@@ -132,30 +132,10 @@ class Verifier:
 
     @staticmethod
     def _judge(entries: list[_Entry], owners: list, prefill_tokens: list[int | None]) -> None:
-        vocab = entries[0].rows.shape[-1]
-        params = [e.params for e in entries for _ in range(e.rows.shape[0])]
-        has_q = any(e.q is not None for e in entries)
-        cu = [0]
-        for e in entries:
-            cu.append(cu[-1] + len(e.checked))
-        # every input on the logits' device (the Triton kernel reads them all on CUDA); the
-        # uniforms come from the requests' CPU generators
-        device = entries[0].rows.device
-        logits = torch.cat([e.rows for e in entries])  # [num_rows, vocab]
-        histories = [h for e in entries for h in e.histories()]
-        result = rejection_sample(
-            torch.tensor([t for e in entries for t in e.checked], dtype=torch.long, device=device),
-            torch.tensor(cu, dtype=torch.long, device=device),
-            torch.cat([e.q if e.q is not None
-                       else torch.zeros(len(e.checked), vocab, device=device)
-                       for e in entries]) if has_q else None,
-            request_probs(logits, params, histories),
-            torch.tensor([e.params.greedy for e in entries], device=device),
-            torch.cat([e.u_accept for e in entries]).to(device),
-            torch.cat([e.u_sample for e in entries]).to(device),
-        )
-        out = result.output_token_ids.tolist()
-        num_accepted = result.num_accepted.tolist()  # one read, not one per request
+        if all(e.q is None and e.params.greedy and not e.params.penalised for e in entries):
+            out, num_accepted = _greedy_outcomes(entries)
+        else:
+            out, num_accepted = _sampled_outcomes(entries)
         committed = []
         for g, (entry, owner) in enumerate(zip(entries, owners, strict=True)):
             accepted = num_accepted[g]
@@ -169,10 +149,53 @@ class Verifier:
             owner.token_ids += committed[-1]
             owner.num_accepted += accepted
             owner.done = rejected or entry.final
-        _record_logprobs(entries, committed, logits)
+        _record_logprobs(entries, committed)
 
 
-def _record_logprobs(entries: list[_Entry], committed: list[list[int]], logits) -> None:
+def _greedy_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]:
+    """Each entry's tokens and accepted count when every row is plain greedy: the target's argmax
+    is the whole verdict (rejection sampling's greedy rule, without building its inputs)."""
+    # one read of the argmaxes (each read waits for the device on CUDA), no copy of the rows
+    argmax = torch.cat([e.rows.argmax(dim=-1) for e in entries]).tolist()
+    out, num_accepted, row = [], [], 0
+    for e in entries:
+        best = argmax[row : row + e.rows.shape[0]]
+        row += len(best)
+        accepted = next((j for j, t in enumerate(e.checked) if t != best[j]), len(e.checked))
+        out.append(best[: accepted + 1])
+        num_accepted.append(accepted)
+    return out, num_accepted
+
+
+def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]:
+    """Each entry's tokens and accepted count by rejection sampling (faser_kernels.rejection)."""
+    logits = torch.cat([e.rows for e in entries])  # [num_rows, vocab]
+    vocab = logits.shape[-1]
+    params = [e.params for e in entries for _ in range(e.rows.shape[0])]
+    cu = [0]
+    for e in entries:
+        cu.append(cu[-1] + len(e.checked))
+    # every input on the logits' device (the Triton kernel reads them all on CUDA); the
+    # uniforms come from the requests' CPU generators
+    device = logits.device
+    histories = [h for e in entries for h in e.histories()]
+    has_q = any(e.q is not None for e in entries)
+    result = rejection_sample(
+        torch.tensor([t for e in entries for t in e.checked], dtype=torch.long, device=device),
+        torch.tensor(cu, dtype=torch.long, device=device),
+        torch.cat([e.q if e.q is not None
+                   else torch.zeros(len(e.checked), vocab, device=device)
+                   for e in entries]) if has_q else None,
+        request_probs(logits, params, histories),
+        torch.tensor([e.params.greedy for e in entries], device=device),
+        torch.cat([e.u_accept for e in entries]).to(device),
+        torch.cat([e.u_sample for e in entries]).to(device),
+    )
+    # one read each, not one per request
+    return result.output_token_ids.tolist(), result.num_accepted.tolist()
+
+
+def _record_logprobs(entries: list[_Entry], committed: list[list[int]]) -> None:
     """Appends to each request that asks for them the logprobs of the tokens it committed: the
     token committed at an entry's position r was scored by the entry's row r."""
     rows, tokens, num_top, owners = [], [], [], []
@@ -186,6 +209,7 @@ def _record_logprobs(entries: list[_Entry], committed: list[list[int]], logits) 
         start += entry.rows.shape[0]
     if not rows:
         return
+    logits = torch.cat([e.rows for e in entries])
     index = torch.tensor(rows, device=logits.device)
     for seq, logprob in zip(owners, token_logprobs(logits[index], tokens, num_top), strict=True):
         seq.logprobs.append(logprob)
