@@ -225,12 +225,12 @@ class LlamaForCausalLM(nn.Module):
         """The head in the model's dtype; with keep_float32_head, its RESCORED leading logits of
         each row are recomputed in float32, each from that row alone (row-invariant), so the
         argmax and the likeliest tokens are float32's at a few dot products a row."""
-        logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype)).float()
+        logits = self.lm_head(hidden.to(self.embed_tokens.weight.dtype))
         if self.head_float32 is None:
-            return logits
-        top = logits.topk(RESCORED, dim=-1).indices  # [n, RESCORED]
-        exact = (self.head_float32[top] * hidden.float()[:, None, :]).sum(-1)
-        return logits.scatter_(1, top, exact)
+            return logits.float()
+        fused = logits.dtype == torch.bfloat16 and cpu_ops.runs_on(logits)
+        rescore = cpu_ops.rescore_head if fused else cpu_ops.rescore_head_torch
+        return rescore(logits, hidden, self.head_float32, RESCORED)
 
 
 def _unfusable(model: LlamaForCausalLM) -> str | None:

@@ -29,7 +29,7 @@ from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.spec_decode.lookup import MAX_N
 from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import history, request_probs
+from faser.spec_decode.sampling import argmax, history, request_probs
 from faser_kernels.rejection import sample_inverse_cdf
 
 
@@ -189,7 +189,7 @@ class Proposer:
         if all(p.greedy and h is None for p, h in zip(params, histories, strict=True)):
             # softmax, not exp(max - logsumexp): right after the draft's forward, logsumexp's
             # several passes cost twice softmax's
-            index = logits.argmax(dim=-1)
+            index = argmax(logits)
             confidence = torch.softmax(logits, dim=-1).amax(dim=-1)
             if self.token_map is not None:
                 index = self.token_map[index]

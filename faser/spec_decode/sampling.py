@@ -17,6 +17,7 @@ from faser.layers.sampler import apply_penalties, logits_to_probs
 from faser.outputs import TokenLogprob
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.request import SpecRequest
+from faser_kernels import cpu_ops
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,12 @@ class History:
 
     prompt_ids: Sequence[int]
     output_ids: Sequence[int]  # committed output, then the draft tokens before the row
+
+
+def argmax(rows: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] float32 -> [num_rows]
+    """Each row's first maximum, as torch.argmax gives it; on CPUs by a kernel that reads a row
+    several times faster."""
+    return cpu_ops.argmax_rows(rows) if cpu_ops.runs_on(rows) else rows.argmax(dim=-1)
 
 
 def history(seq: SpecRequest, drafted: Sequence[int] = ()) -> History | None:

@@ -18,7 +18,7 @@ from faser.runner.model_runner import ModelRunner
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.proposer import Proposal
 from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import History, history, request_probs, token_logprobs
+from faser.spec_decode.sampling import History, argmax, history, request_probs, token_logprobs
 from faser_kernels import rejection_sample
 
 
@@ -156,10 +156,10 @@ def _greedy_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]
     """Each entry's tokens and accepted count when every row is plain greedy: the target's argmax
     is the whole verdict (rejection sampling's greedy rule, without building its inputs)."""
     # one read of the argmaxes (each read waits for the device on CUDA), no copy of the rows
-    argmax = torch.cat([e.rows.argmax(dim=-1) for e in entries]).tolist()
+    tokens = torch.cat([argmax(e.rows) for e in entries]).tolist()
     out, num_accepted, row = [], [], 0
     for e in entries:
-        best = argmax[row : row + e.rows.shape[0]]
+        best = tokens[row : row + e.rows.shape[0]]
         row += len(best)
         accepted = next((j for j, t in enumerate(e.checked) if t != best[j]), len(e.checked))
         out.append(best[: accepted + 1])

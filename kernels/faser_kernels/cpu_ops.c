@@ -1,5 +1,6 @@
 /* The row-local ops of a decoder layer, fused for x86 CPUs with AVX-512: residual add + RMSNorm,
- * rotary embedding, SiLU(gate) * up. Each row is computed on its own, in fp32, with reductions
+ * rotary embedding, SiLU(gate) * up; and of the head: the float32 rescoring of its leading
+ * candidates, and each row's argmax. Each row is computed on its own, in fp32, with reductions
  * in a fixed order, so a row gets the same bits whatever else shares the call; bf16 rows are
  * rounded once per output (round to nearest even). One call each replaces the handful of torch
  * ops (and their dispatch) that each of these takes.
@@ -82,6 +83,79 @@ void faser_silu_mul(const void *gate_up, void *out, long m, long inter, int bf16
                                                               _mm512_setzero_ps(), gv))));
             store16(row_at(out, r, inter, bf16), i, inter,
                     _mm512_mul_ps(round_to(silu, bf16), load16(u, i, inter, bf16)), bf16);
+        }
+    }
+}
+
+/* Keeps vals/idx (n of at most cap, largest first) the cap largest seen; v is larger than the
+ * smallest kept once cap are kept, so on equal values the earlier index stays. */
+static inline void keep_top(float *vals, long *idx, long *n, long cap, float v, long i) {
+    long at = *n < cap ? (*n)++ : cap - 1;
+    for (; at > 0 && vals[at - 1] < v; at--) {
+        vals[at] = vals[at - 1];
+        idx[at] = idx[at - 1];
+    }
+    vals[at] = v;
+    idx[at] = i;
+}
+
+static inline float dot_f32(const float *a, const float *b, long d) {
+    __m512 acc = _mm512_setzero_ps();
+    for (long i = 0; i < d; i += 16) acc = _mm512_fmadd_ps(load16(a, i, d, 0), load16(b, i, d, 0), acc);
+    return _mm512_reduce_add_ps(acc);
+}
+
+#define MAX_RESCORED 64
+
+/* The head's leading candidates in float32 (LlamaForCausalLM.compute_logits): out [m, vocab]
+ * float32 is the bf16 logits [m, vocab] widened, with each row's num_top largest (on equal values
+ * the lower index) replaced by the dot product, in float32 and a fixed order, of their rows of
+ * weight [vocab, d] with the row's hidden [m, d]. One pass over the row instead of torch's
+ * widening, topk, gather, product, sum and scatter. */
+void faser_rescore_head(const uint16_t *logits, const float *hidden, const float *weight,
+                        float *out, long m, long vocab, long d, long num_top) {
+    if (num_top > MAX_RESCORED) num_top = MAX_RESCORED;
+#pragma omp parallel for schedule(static) if (m > 1)
+    for (long r = 0; r < m; r++) {
+        const uint16_t *row = logits + r * vocab;
+        float *o = out + r * vocab, vals[MAX_RESCORED];
+        long idx[MAX_RESCORED], n = 0;
+        __m512 floor = _mm512_set1_ps(-INFINITY);  /* the smallest kept, once num_top are */
+        for (long i = 0; i < vocab; i += 16) {
+            __m512 v = load16(row, i, vocab, 1);
+            store16(o, i, vocab, v, 0);
+            __mmask16 hits = _mm512_cmp_ps_mask(v, floor, _CMP_GT_OQ) & tail_mask(vocab - i);
+            while (hits) {
+                long lane = __builtin_ctz(hits);
+                hits &= hits - 1;
+                keep_top(vals, idx, &n, num_top, o[i + lane], i + lane);
+                if (n == num_top) {
+                    floor = _mm512_set1_ps(vals[n - 1]);
+                    hits &= _mm512_cmp_ps_mask(v, floor, _CMP_GT_OQ);
+                }
+            }
+        }
+        for (long j = 0; j < n; j++) o[idx[j]] = dot_f32(weight + idx[j] * d, hidden + r * d, d);
+    }
+}
+
+/* index [m]: the first maximum of each row of x [m, n] float32 (rows without NaN). */
+void faser_argmax_rows(const float *x, int64_t *index, long m, long n) {
+#pragma omp parallel for schedule(static) if (m > 1)
+    for (long r = 0; r < m; r++) {
+        const float *row = x + r * n;
+        __m512 best = _mm512_set1_ps(-INFINITY);
+        for (long i = 0; i < n; i += 16)
+            best = _mm512_mask_max_ps(best, tail_mask(n - i), best, load16(row, i, n, 0));
+        __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(best));
+        index[r] = 0;
+        for (long i = 0; i < n; i += 16) {
+            __mmask16 at = _mm512_cmp_ps_mask(load16(row, i, n, 0), top, _CMP_EQ_OQ) &
+                           tail_mask(n - i);
+            if (at) {
+                index[r] = i + __builtin_ctz(at);
+                break;
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 """The row-local ops of a decoder layer fused on x86 CPUs with AVX-512 (cpu_ops.c), each beside
 its PyTorch twin with the same signature: residual add + RMSNorm, rotary embedding in place,
-SiLU(gate) * up. A row gets the same bits whatever else shares the call; one call replaces the
-handful of torch ops, and their dispatch, that each takes."""
+SiLU(gate) * up; and the head's: its leading candidates rescored in float32, each row's argmax.
+A row gets the same bits whatever else shares the call; one call replaces the handful of torch
+ops, and their dispatch, that each takes."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from faser_kernels import cpu_build
+
+MAX_RESCORED = 64  # as cpu_ops.c
 
 
 def runs_on(x: torch.Tensor) -> bool:
@@ -99,6 +102,48 @@ def silu_mul_torch(gate_up):
     return F.silu(gate) * up
 
 
+def rescore_head(
+    logits: torch.Tensor,  # [m, vocab] bfloat16: the head's output
+    hidden: torch.Tensor,  # [m, d] float32: its input
+    weight: torch.Tensor,  # [vocab, d] float32: the head's weight
+    num_top: int,
+) -> torch.Tensor:  # [m, vocab] float32
+    """`logits` widened, with each row's `num_top` largest (on equal values the lower index)
+    recomputed in float32 from the row's hidden state."""
+    if logits.dtype != torch.bfloat16 or not 0 < num_top <= MAX_RESCORED:
+        raise ValueError(f"rescore_head takes bfloat16 logits and 1..{MAX_RESCORED} candidates")
+    logits, hidden, weight = logits.contiguous(), hidden.float().contiguous(), weight.contiguous()
+    out = torch.empty(logits.shape, dtype=torch.float32)
+    _library().faser_rescore_head(logits.data_ptr(), hidden.data_ptr(), weight.data_ptr(),
+                                  out.data_ptr(), *logits.shape, hidden.shape[1], num_top)
+    return out
+
+
+def rescore_head_torch(logits, hidden, weight, num_top):
+    out = logits.float()
+    kth = out.topk(num_top, dim=-1).values[:, -1:]  # each row's num_top-th largest
+    above, tied = out > kth, out == kth
+    # the tied values fill what is left, lowest index first (torch.topk picks among them freely)
+    left = num_top - above.sum(-1, keepdim=True)
+    top = (above | (tied & (tied.cumsum(-1) <= left))).nonzero()[:, 1].view(-1, num_top)
+    exact = (weight[top] * hidden.float()[:, None, :]).sum(-1)  # [m, num_top]
+    return out.scatter_(1, top, exact)
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # [m, n] float32 -> [m] int64
+    """Each row's first maximum (rows without NaN)."""
+    if x.dtype != torch.float32 or x.dim() != 2:
+        raise ValueError(f"argmax_rows takes [m, n] float32, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    index = torch.empty(x.shape[0], dtype=torch.int64)
+    _library().faser_argmax_rows(x.data_ptr(), index.data_ptr(), *x.shape)
+    return index
+
+
+def argmax_rows_torch(x):
+    return x.argmax(dim=-1)
+
+
 def _is_bf16(x: torch.Tensor) -> int:
     if x.dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"cpu_ops takes bfloat16 or float32, got {x.dtype}")
@@ -112,6 +157,9 @@ def _library() -> ctypes.CDLL:
     lib.faser_add_rms_norm.argtypes = [ptr] * 5 + [long, long, f32, i32, i32]
     lib.faser_rotary.argtypes = [ptr] * 4 + [long] * 4 + [i32]
     lib.faser_silu_mul.argtypes = [ptr, ptr, long, long, i32]
-    for fn in (lib.faser_add_rms_norm, lib.faser_rotary, lib.faser_silu_mul):
+    lib.faser_rescore_head.argtypes = [ptr] * 4 + [long] * 4
+    lib.faser_argmax_rows.argtypes = [ptr, ptr, long, long]
+    for fn in (lib.faser_add_rms_norm, lib.faser_rotary, lib.faser_silu_mul,
+               lib.faser_rescore_head, lib.faser_argmax_rows):
         fn.restype = None
     return lib

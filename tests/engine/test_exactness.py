@@ -75,7 +75,9 @@ def test_a_bf16_target_rescores_its_leading_logits_in_float32(tiny_models):
     assert reference.head_float32 is None  # a float32 model needs no rescoring
     hidden = torch.randn(5, target.config.hidden_size, generator=torch.Generator().manual_seed(0))
     logits = target.compute_logits(hidden)
-    # the candidates the bf16 head picked (a rescored one may fall behind an unpicked one)
-    top = target.lm_head(hidden.bfloat16()).float().topk(RESCORED, dim=-1).indices
+    # the candidates the bf16 head picked, on equal logits the lower index (a rescored one may
+    # fall behind an unpicked one)
+    bf16 = target.lm_head(hidden.bfloat16()).float()
+    top = torch.sort(bf16, dim=-1, descending=True, stable=True).indices[:, :RESCORED]
     exact = hidden @ reference.embed_tokens.weight.T
     torch.testing.assert_close(logits.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)

@@ -69,3 +69,54 @@ def test_each_row_has_the_bits_of_a_one_row_call(dtype):
         assert torch.equal(cpu_ops.add_rms_norm(x[i : i + 1], residual[i : i + 1], weight,
                                                 1e-5)[0], out[i : i + 1])
         assert torch.equal(cpu_ops.silu_mul(gate_up[i : i + 1]), act[i : i + 1])
+
+
+@pytest.fixture
+def bf16_kernels() -> None:
+    if (reason := cpu_build.unavailable_reason("cpu_ops.c", torch.bfloat16)) is not None:
+        pytest.skip(reason)
+
+
+def _head(rows: int, vocab: int = 1000, d: int = 72) -> tuple[torch.Tensor, ...]:
+    torch.manual_seed(rows)
+    weight, hidden = torch.randn(vocab, d) * 0.1, torch.randn(rows, d)
+    logits = (hidden.bfloat16() @ weight.bfloat16().T).bfloat16()
+    logits[0, [3, 50, 700, 999]] = logits[0].max() + 1  # tied at the front
+    logits[-1, [10, 20, 30, 40, 500, 600]] = logits[-1].max() + 1  # tied across the boundary
+    return logits, hidden, weight
+
+
+@pytest.mark.parametrize("num_top", [1, 4, 8])
+def test_rescore_head_equals_its_twin_and_breaks_ties_by_the_lower_index(bf16_kernels, num_top):
+    logits, hidden, weight = _head(6)
+    out = cpu_ops.rescore_head(logits, hidden, weight, num_top)
+    twin = cpu_ops.rescore_head_torch(logits, hidden, weight, num_top)
+    assert torch.equal(out != logits.float(), twin != logits.float())  # the same candidates
+    torch.testing.assert_close(out, twin, rtol=1e-6, atol=1e-6)  # summed in another order
+    chosen = torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices
+    exact = (hidden @ weight.T).gather(1, chosen[:, :num_top])
+    torch.testing.assert_close(out.gather(1, chosen[:, :num_top]), exact, rtol=1e-5, atol=1e-5)
+    if num_top == 4:  # four of the six tied in the last row: 10, 20, 30 and 40
+        assert (out[-1] != logits[-1].float()).nonzero().flatten().tolist() == [10, 20, 30, 40]
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 49152])
+def test_argmax_rows_is_torchs_first_maximum(n):
+    if (reason := cpu_build.unavailable_reason("cpu_ops.c", torch.float32)) is not None:
+        pytest.skip(reason)
+    torch.manual_seed(n)
+    x = torch.randn(5, n)
+    x[1] = 0.0  # all tied: index 0
+    x[2, n // 2 :] = x[2].max() + 1  # tied from the middle on
+    x[3, -1] = x[3].max() + 1  # the tail past the last full vector
+    assert torch.equal(cpu_ops.argmax_rows(x), cpu_ops.argmax_rows_torch(x))
+
+
+def test_head_ops_give_each_row_the_bits_of_a_one_row_call(bf16_kernels):
+    logits, hidden, weight = _head(9)
+    out = cpu_ops.rescore_head(logits, hidden, weight, 8)
+    best = cpu_ops.argmax_rows(out)
+    for i in (0, 4, 8):
+        one = cpu_ops.rescore_head(logits[i : i + 1], hidden[i : i + 1], weight, 8)
+        assert torch.equal(one, out[i : i + 1])
+        assert torch.equal(cpu_ops.argmax_rows(one), best[i : i + 1])
