@@ -110,12 +110,18 @@ def rescore_head(
 ) -> torch.Tensor:  # [m, vocab] float32
     """`logits` widened, with each row's `num_top` largest (on equal values the lower index)
     recomputed in float32 from the row's hidden state."""
-    if logits.dtype != torch.bfloat16 or not 0 < num_top <= MAX_RESCORED:
-        raise ValueError(f"rescore_head takes bfloat16 logits and 1..{MAX_RESCORED} candidates")
+    (m, vocab), d = logits.shape, hidden.shape[-1]
+    if logits.dtype != torch.bfloat16 or weight.dtype != torch.float32:
+        raise ValueError(f"rescore_head takes bf16 logits and a float32 weight, got "
+                         f"{logits.dtype} and {weight.dtype}")
+    if hidden.shape != (m, d) or weight.shape != (vocab, d) or not 0 < num_top <= MAX_RESCORED:
+        raise ValueError(f"rescore_head: logits {tuple(logits.shape)}, hidden "
+                         f"{tuple(hidden.shape)}, weight {tuple(weight.shape)}, num_top {num_top} "
+                         f"(1..{MAX_RESCORED})")
     logits, hidden, weight = logits.contiguous(), hidden.float().contiguous(), weight.contiguous()
     out = torch.empty(logits.shape, dtype=torch.float32)
     _library().faser_rescore_head(logits.data_ptr(), hidden.data_ptr(), weight.data_ptr(),
-                                  out.data_ptr(), *logits.shape, hidden.shape[1], num_top)
+                                  out.data_ptr(), m, vocab, d, num_top)
     return out
 
 

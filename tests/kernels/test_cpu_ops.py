@@ -120,3 +120,13 @@ def test_head_ops_give_each_row_the_bits_of_a_one_row_call(bf16_kernels):
         one = cpu_ops.rescore_head(logits[i : i + 1], hidden[i : i + 1], weight, 8)
         assert torch.equal(one, out[i : i + 1])
         assert torch.equal(cpu_ops.argmax_rows(one), best[i : i + 1])
+
+
+def test_rescore_head_names_what_does_not_fit(bf16_kernels):
+    logits, hidden, weight = _head(2)
+    with pytest.raises(ValueError, match="weight"):
+        cpu_ops.rescore_head(logits, hidden, weight[:, :8], 8)
+    with pytest.raises(ValueError, match="float32 weight"):
+        cpu_ops.rescore_head(logits, hidden, weight.bfloat16(), 8)
+    with pytest.raises(ValueError, match="num_top 65"):
+        cpu_ops.rescore_head(logits, hidden, weight, 65)
