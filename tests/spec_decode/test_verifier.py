@@ -219,3 +219,30 @@ def test_after_rolling_back_the_next_steps_continue_exactly_like_plain_greedy(ta
     for seq, g in zip(seqs, greedy, strict=True):
         assert len(seq.output_token_ids) >= 12
         assert seq.output_token_ids == g[: len(seq.output_token_ids)]
+
+
+def test_the_greedy_judge_commits_what_rejection_sampling_would():
+    """An all-greedy frontier is judged by the argmax alone; rejection sampling's greedy rule,
+    over the same rows, commits the same tokens (ties to the first maximum in both, and a
+    non-final frontier's repeated last row)."""
+    from faser.spec_decode.verifier import _Entry, _greedy_outcomes, _sampled_outcomes
+
+    gen = torch.Generator().manual_seed(0)
+    entries = []
+    for n_checked, wrong_at, final in [(0, None, True), (3, None, True), (3, 1, True),
+                                       (2, None, False), (4, 0, False), (1, None, True)]:
+        rows = torch.randn(n_checked + 1, 300, generator=gen)
+        rows[-1, [7, 250]] = rows[-1].max() + 1.0  # tied maxima: the first one wins
+        if not final:
+            rows[-1] = rows[-2]
+        checked = rows[:n_checked].argmax(dim=-1).tolist()
+        if wrong_at is not None:
+            checked[wrong_at] = (checked[wrong_at] + 1) % 300
+        entries.append(_Entry(checked, rows, None, torch.zeros(n_checked), torch.zeros(1),
+                              GREEDY, final, None, None))
+    tokens, accepted = _greedy_outcomes(entries)
+    sampled_tokens, sampled_accepted = _sampled_outcomes(entries)
+    assert accepted == sampled_accepted == [0, 3, 1, 2, 0, 1]
+    for mine, theirs in zip(tokens, sampled_tokens, strict=True):
+        assert mine == theirs[: len(mine)] and all(t == -1 for t in theirs[len(mine):])
+    assert tokens[0] == [7] and tokens[1][-1] == 7  # the bonus rows' first maximum
