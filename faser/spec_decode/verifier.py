@@ -20,6 +20,7 @@ from faser.spec_decode.proposer import Proposal
 from faser.spec_decode.request import SpecRequest
 from faser.spec_decode.sampling import History, argmax, history, request_probs, token_logprobs
 from faser_kernels import rejection_sample
+from faser_kernels.rejection import greedy_tokens
 
 
 @dataclass(slots=True)
@@ -132,7 +133,7 @@ class Verifier:
 
     @staticmethod
     def _judge(entries: list[_Entry], owners: list, prefill_tokens: list[int | None]) -> None:
-        if all(e.q is None and e.params.greedy and not e.params.penalised for e in entries):
+        if all(e.params.greedy and not e.params.penalised for e in entries):
             out, num_accepted = _greedy_outcomes(entries)
         else:
             out, num_accepted = _sampled_outcomes(entries)
@@ -157,14 +158,11 @@ def _greedy_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]
     is the whole verdict (rejection sampling's greedy rule, without building its inputs)."""
     # one read of the argmaxes (each read waits for the device on CUDA), no copy of the rows
     tokens = torch.cat([argmax(e.rows) for e in entries]).tolist()
-    out, num_accepted, row = [], [], 0
+    out, row = [], 0
     for e in entries:
-        best = tokens[row : row + e.rows.shape[0]]
-        row += len(best)
-        accepted = next((j for j, t in enumerate(e.checked) if t != best[j]), len(e.checked))
-        out.append(best[: accepted + 1])
-        num_accepted.append(accepted)
-    return out, num_accepted
+        out.append(greedy_tokens(e.checked, tokens[row : row + e.rows.shape[0]]))
+        row += e.rows.shape[0]
+    return out, [len(t) - 1 for t in out]
 
 
 def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]:

@@ -56,7 +56,7 @@ def rejection_sample_torch(
         start, k = cu[i], cu[i + 1] - cu[i]
         row0 = start + i  # the target rows of request i start here
         if greedy[i]:
-            tokens = _greedy_one(draft[start : start + k], argmax[row0 : row0 + k + 1])
+            tokens = greedy_tokens(draft[start : start + k], argmax[row0 : row0 + k + 1])
         else:
             tokens = _sampled_one(
                 draft[start : start + k],
@@ -70,7 +70,9 @@ def rejection_sample_torch(
     return RejectionOutput(out.to(target_probs.device), num_accepted.to(target_probs.device))
 
 
-def _greedy_one(draft: list[int], argmax: list[int]) -> list[int]:
+def greedy_tokens(draft: list[int], argmax: list[int]) -> list[int]:
+    """A greedy request's committed tokens: its drafts up to the first that is not the target's
+    argmax, then the argmax there (recovered) or after the last draft (bonus)."""
     tokens = []
     for j, token in enumerate(draft):
         tokens.append(argmax[j])
