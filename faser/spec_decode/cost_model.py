@@ -100,36 +100,51 @@ class CostProfile:
 
 class CostModel:
     """The profile, each phase scaled by what served steps measured: drafting (`draft_scale`),
-    the target's forward in a step that verifies drafts (`target_scale`) and in one that verifies
-    none (`decode_scale`). Two target scales, since one learned from drafting steps charged plain
-    steps the verification's extra work and made drafting look cheap; scales, not offsets, since
-    the profile's own curve knows what one more row costs."""
+    the target's forward in a step that verifies no draft (`decode_scale`, which follows the
+    host's speed) and in one that verifies some (`target_scale`: the decode scale times
+    `verify_ratio`, what verification adds to a plain step's forward of as many rows). Learned
+    apart, since a scale learned from drafting steps charged plain steps the verification's extra
+    work and made drafting look cheap; tied, since a replica that has only decoded would
+    otherwise price verification at the bare profile while pricing its plain steps at what they
+    measured (a plain step at 32 requests measured 1.8 times the profile, and verification at
+    the profile's price looked 40 % cheaper than it was); scales, not offsets, since the profile's
+    own curve knows what one more row costs."""
 
     __slots__ = ("_warm", "decode_scale", "draft_scale", "num_decodes", "num_drafted",
-                 "num_observed", "profile", "target_scale")
+                 "num_observed", "profile", "verify_ratio")
 
     def __init__(self, profile: CostProfile) -> None:
         self.profile = profile
-        self.draft_scale = self.target_scale = self.decode_scale = 1.0
+        self.draft_scale = self.decode_scale = self.verify_ratio = 1.0
         self.num_observed = 0  # steps that verified drafts
         self.num_drafted = 0  # of them, steps whose drafting the profile prices
         self.num_decodes = 0  # steps that verified none
         self._warm: set[tuple[int, int]] = set()
 
+    @property
+    def target_scale(self) -> float:
+        return self.decode_scale * self.verify_ratio
+
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
 
-    def verify_time(self, num_rows: float, num_prefill_tokens: int = 0,
-                    speculative: bool = True) -> float:
-        """The target's forward over decode rows and a prefill; `speculative`: some rows are
-        draft tokens."""
-        scale = self.target_scale if speculative else self.decode_scale
-        return scale * self.profile.target_time(num_rows + num_prefill_tokens)
+    def verify_time(self, num_requests: int, num_drafts: float = 0,
+                    num_prefill_tokens: int = 0) -> float:
+        """The target's forward over each decoding request's row, its draft tokens and a
+        prefill. Never below the same step without the drafts: each scale is learned from the
+        shapes its own steps had, and one learned from wide verifying steps (whose extra rows
+        cost less than the profile says, their requests' attention and sampling more) priced a
+        narrow one below the plain step it contains."""
+        plain = self.decode_scale * self.profile.target_time(num_requests + num_prefill_tokens)
+        if num_drafts <= 0:
+            return plain
+        rows = num_requests + num_drafts + num_prefill_tokens
+        return max(plain, self.target_scale * self.profile.target_time(rows))
 
     def step_time(self, num_requests: int, ks: Sequence[int], num_prefill_tokens: int = 0) -> float:
         """Predicted seconds of a sequential step: draft forwards, then one verification."""
         draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
-        return draft + self.verify_time(num_requests + sum(ks), num_prefill_tokens, any(ks))
+        return draft + self.verify_time(num_requests, sum(ks), num_prefill_tokens)
 
     def observe(self, num_requests: int, ks: Sequence[int], draft_s: float,
                 verify_s: float) -> None:
@@ -152,7 +167,8 @@ class CostModel:
         if draft_stalled or ratio >= STALL * self.target_scale:
             return
         self.num_observed += 1
-        self.target_scale = _follow(self.target_scale, ratio, self.num_observed)
+        self.verify_ratio = _follow(self.verify_ratio, ratio / self.decode_scale,
+                                    self.num_observed)
         if bare > 0:
             self.num_drafted += 1
             self.draft_scale = _follow(self.draft_scale, draft_s / bare, self.num_drafted)

@@ -145,8 +145,8 @@ class _Step:
         self.draft_s = 0.0
         self.prefill_s = 0.0
         if self.num_prefill:
-            alone = cost.verify_time(num_requests, speculative=False)
-            self.prefill_s = cost.verify_time(num_requests, self.num_prefill, False) - alone
+            alone = cost.verify_time(num_requests)
+            self.prefill_s = cost.verify_time(num_requests, 0, self.num_prefill) - alone
 
     def add(self, position: int, request: int) -> None:
         if position == len(self.draft_batches):
@@ -164,7 +164,8 @@ class _Step:
         return self.rows > self.num_requests
 
     def total(self) -> float:
-        return self.draft_s + self.cost.verify_time(self.rows, self.num_prefill, self.speculative)
+        num_drafts = self.rows - self.num_requests
+        return self.draft_s + self.cost.verify_time(self.num_requests, num_drafts, self.num_prefill)
 
     def decode_total(self) -> float:
         return self.total() - self.prefill_s

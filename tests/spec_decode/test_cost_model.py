@@ -226,12 +226,12 @@ def test_a_step_costs_its_draft_forwards_its_verification_and_the_corrections():
     drafts = 2 * curve.draft_time(2) + curve.draft_time(1)
     assert _drafts(curve, [3, 2, 0]) == pytest.approx(drafts)
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(drafts + curve.target_time(12))
-    cost.target_scale, cost.draft_scale, cost.decode_scale = 1.2, 1.5, 0.9
+    cost.decode_scale, cost.verify_ratio, cost.draft_scale = 0.9, 1.2 / 0.9, 1.5
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(
         1.5 * drafts + 1.2 * curve.target_time(12)
     )
-    assert cost.verify_time(8, 4) == pytest.approx(1.2 * curve.target_time(12))
-    assert cost.verify_time(8, 4, speculative=False) == pytest.approx(0.9 * curve.target_time(12))
+    assert cost.verify_time(3, 5, 4) == pytest.approx(1.2 * curve.target_time(12))
+    assert cost.verify_time(3, 0, 4) == pytest.approx(0.9 * curve.target_time(7))
     assert cost.draft_time(2) == pytest.approx(1.5 * curve.draft_time(2))
     # a step that verifies no draft token is a plain decode
     assert cost.step_time(2, []) == pytest.approx(0.9 * curve.target_time(2))
@@ -243,13 +243,30 @@ def test_the_corrections_learn_what_served_steps_add_to_the_profile():
     1.1 times and drafting 1.5 times as slow as the profile says."""
     curve = roofline()
     cost = CostModel(curve)
-    for ks in ([2, 1], [4, 4], [3, 0], [0, 0], [0, 1]):
+    for ks in ([0, 0], [2, 1], [4, 4], [3, 0], [0, 1]):
         rows, scale = 2 + sum(ks), 1.3 if any(ks) else 1.1
         for _ in range(2):
             cost.observe(2, ks, 1.5 * _drafts(curve, ks), scale * curve.target_time(rows))
     assert cost.target_scale == pytest.approx(1.3)
     assert cost.decode_scale == pytest.approx(1.1)
     assert cost.draft_scale == pytest.approx(1.5)
+
+
+def test_a_replica_that_has_only_decoded_prices_verification_at_its_decode_scale():
+    """Plain steps that measure 1.8 times the profile (long contexts at 32 requests) say the
+    same of a verifying step's forward of as many rows: priced at the bare profile instead, one
+    draft token looked like a gain and faser drafted, and lost, until its own steps taught it."""
+    curve = linear(fixed_s=0.010, per_token_s=0.0005, draft_s=0.0004)
+    cost = CostModel(curve)
+    for _ in range(20):
+        cost.observe(32, [0] * 32, 0.0, 1.8 * curve.target_time(32))
+    assert cost.target_scale == pytest.approx(1.8) and cost.num_observed == 0
+    acceptance = [[0.5]] + [[0.0]] * 31
+    assert choose_k(acceptance, cost).ks == (0,) * 32
+    bare = CostModel(curve)
+    bare.decode_scale = 1.8
+    bare.verify_ratio = 1.0 / 1.8  # verification at the bare profile, as before the tie
+    assert choose_k(acceptance, bare).ks == (1,) + (0,) * 31
 
 
 def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
@@ -266,7 +283,7 @@ def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
     acceptance = [[0.45]] * 4
     assert choose_k(acceptance, cost).ks == (0, 0, 0, 0)
     one_scale = CostModel(curve)
-    one_scale.target_scale = one_scale.decode_scale = 1.6
+    one_scale.decode_scale = 1.6
     assert choose_k(acceptance, one_scale).ks == (1, 1, 1, 1)
 
 
@@ -317,7 +334,7 @@ def test_a_stalled_step_teaches_the_corrections_nothing():
     a hundredfold and speculation, the only thing that measures them again, never ran again."""
     curve = roofline()
     cost = CostModel(curve)
-    for ks in ([2], [2], [0], [0]):
+    for ks in ([0], [0], [2], [2]):
         cost.observe(1, ks, 1.6 * _drafts(curve, ks), 1.3 * curve.target_time(1 + sum(ks)))
     settled = (cost.target_scale, cost.draft_scale, cost.decode_scale)
     assert settled == pytest.approx((1.3, 1.6, 1.3))
@@ -328,3 +345,15 @@ def test_a_stalled_step_teaches_the_corrections_nothing():
     assert choose_k([[0.8, 0.8]], cost).ks == (2,)
     cost.observe(1, [2], 3 * _drafts(curve, [2]), 2 * curve.target_time(3))  # slower, not stalled
     assert cost.target_scale > settled[0] and cost.draft_scale > settled[1]
+
+
+def test_verifying_drafts_never_costs_less_than_the_plain_step_it_contains():
+    """Scales learned from other shapes: plain steps of 16 requests at 1.36 times the profile,
+    wide verifying steps at 0.98 times. One draft token on top of the 16 rows is still the
+    16-row step and a little more, never the cheaper step that 0.98 of the profile would say."""
+    curve = linear(fixed_s=0.010, per_token_s=0.0005, draft_s=0.0004)
+    cost = CostModel(curve)
+    cost.decode_scale, cost.verify_ratio = 1.36, 0.72
+    assert cost.verify_time(16, 1) == pytest.approx(cost.verify_time(16))
+    assert cost.verify_time(16, 32) == pytest.approx(cost.target_scale * curve.target_time(48))
+    assert choose_k([[0.2]] + [[0.0]] * 15, cost).ks == (0,) * 16

@@ -31,7 +31,7 @@ PROFILES = [
 def free_drafting(cost: CostModel) -> CostModel:
     """The same target and correction with no draft profile: drafting costs nothing."""
     out = CostModel(dataclasses.replace(cost.profile, draft_points=(), draft_times=()))
-    out.target_scale, out.decode_scale = cost.target_scale, cost.decode_scale
+    out.verify_ratio, out.decode_scale = cost.verify_ratio, cost.decode_scale
     return out
 
 
@@ -60,8 +60,8 @@ def brute_force(acceptance, cost, num_prefill=0, limits=NO_LIMITS, drafted=False
 
 def prefill_time(cost, num_requests, num_prefill):
     """What a step's prefill adds to it at k = 0: no part of the drafts' price."""
-    plain = cost.verify_time(num_requests, speculative=False)
-    return cost.verify_time(num_requests, num_prefill, speculative=False) - plain
+    plain = cost.verify_time(num_requests)
+    return cost.verify_time(num_requests, 0, num_prefill) - plain
 
 
 def random_case(rng, max_requests=4, max_k=4, constant=False):
@@ -85,7 +85,7 @@ def test_survival_is_the_running_product_clamped_to_a_probability():
 
 def test_the_choice_reports_its_own_prediction_consistently():
     cost = CostModel(COMPUTE_BOUND)
-    cost.target_scale = 1.1
+    cost.verify_ratio = 1.1
     acceptance = [[0.9] * 6, [0.6] * 6, [0.2] * 6]
     choice = choose_k(acceptance, cost, num_prefill_tokens=5)
     assert any(choice.ks)
@@ -180,7 +180,7 @@ def test_close_to_the_best_ks_when_drafting_costs():
 
 def test_drafted_tokens_cost_only_their_verification():
     cost = CostModel(COMPUTE_BOUND)
-    cost.target_scale = 1.2
+    cost.verify_ratio = 1.2
     acceptance = [[0.8] * 4, [0.8] * 4]
     choice = choose_k(acceptance, cost, 3, drafted=True)
     rows = 2 + sum(choice.ks)
