@@ -123,7 +123,11 @@ class CostModel:
 
     @property
     def target_scale(self) -> float:
-        return self.decode_scale * self.verify_ratio
+        """Never below the plain step's: a verifying forward does all that a plain one over as
+        many rows does, and more (a ratio learned from wide verifying steps, whose extra rows
+        cost less than the profile says, priced 17 rows below the 16-row plain step they
+        contain, and faser drafted at 16 requests and lost)."""
+        return self.decode_scale * max(1.0, self.verify_ratio)
 
     def draft_time(self, batch_size: float) -> float:
         return self.draft_scale * self.profile.draft_time(batch_size)
@@ -131,15 +135,9 @@ class CostModel:
     def verify_time(self, num_requests: int, num_drafts: float = 0,
                     num_prefill_tokens: int = 0) -> float:
         """The target's forward over each decoding request's row, its draft tokens and a
-        prefill. Never below the same step without the drafts: each scale is learned from the
-        shapes its own steps had, and one learned from wide verifying steps (whose extra rows
-        cost less than the profile says, their requests' attention and sampling more) priced a
-        narrow one below the plain step it contains."""
-        plain = self.decode_scale * self.profile.target_time(num_requests + num_prefill_tokens)
-        if num_drafts <= 0:
-            return plain
-        rows = num_requests + num_drafts + num_prefill_tokens
-        return max(plain, self.target_scale * self.profile.target_time(rows))
+        prefill."""
+        scale = self.target_scale if num_drafts > 0 else self.decode_scale
+        return scale * self.profile.target_time(num_requests + num_drafts + num_prefill_tokens)
 
     def step_time(self, num_requests: int, ks: Sequence[int], num_prefill_tokens: int = 0) -> float:
         """Predicted seconds of a sequential step: draft forwards, then one verification."""

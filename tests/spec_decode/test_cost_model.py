@@ -263,10 +263,8 @@ def test_a_replica_that_has_only_decoded_prices_verification_at_its_decode_scale
     assert cost.target_scale == pytest.approx(1.8) and cost.num_observed == 0
     acceptance = [[0.5]] + [[0.0]] * 31
     assert choose_k(acceptance, cost).ks == (0,) * 32
-    bare = CostModel(curve)
-    bare.decode_scale = 1.8
-    bare.verify_ratio = 1.0 / 1.8  # verification at the bare profile, as before the tie
-    assert choose_k(acceptance, bare).ks == (1,) + (0,) * 31
+    drafting = cost.step_time(32, [1] + [0] * 31)
+    assert drafting == pytest.approx(1.8 * curve.target_time(33) + curve.draft_time(1))
 
 
 def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
@@ -347,13 +345,14 @@ def test_a_stalled_step_teaches_the_corrections_nothing():
     assert cost.target_scale > settled[0] and cost.draft_scale > settled[1]
 
 
-def test_verifying_drafts_never_costs_less_than_the_plain_step_it_contains():
+def test_verifying_drafts_is_never_priced_below_a_plain_step_of_as_many_rows():
     """Scales learned from other shapes: plain steps of 16 requests at 1.36 times the profile,
-    wide verifying steps at 0.98 times. One draft token on top of the 16 rows is still the
-    16-row step and a little more, never the cheaper step that 0.98 of the profile would say."""
+    wide verifying steps at 0.98 times. One draft token on top of the 16 rows costs what a
+    17-row plain step would, never less than the 16-row step it contains."""
     curve = linear(fixed_s=0.010, per_token_s=0.0005, draft_s=0.0004)
     cost = CostModel(curve)
     cost.decode_scale, cost.verify_ratio = 1.36, 0.72
-    assert cost.verify_time(16, 1) == pytest.approx(cost.verify_time(16))
-    assert cost.verify_time(16, 32) == pytest.approx(cost.target_scale * curve.target_time(48))
+    assert cost.target_scale == pytest.approx(1.36)
+    assert cost.verify_time(16, 1) == pytest.approx(1.36 * curve.target_time(17))
+    assert cost.verify_time(16, 1) > cost.verify_time(16)
     assert choose_k([[0.2]] + [[0.0]] * 15, cost).ks == (0,) * 16
