@@ -88,6 +88,36 @@ class CpuUse:
         return _in_cores(self.cpu_s, max(self.wall_s, 1e-9))
 
 
+def wait_until_idle(busy_below: float = 0.15, window_s: float = 0.25, timeout_s: float = 10.0
+                    ) -> float:
+    """Waits until the host's cores together are busy less than `busy_below` of one core over a
+    `window_s` window (or `timeout_s` has passed); returns the seconds waited. A server whose
+    round has just ended may keep a core spinning for a second (vLLM's CPU engine does), which
+    the next server's round would otherwise pay for."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        before = _busy_s()
+        if before is None:
+            break
+        time.sleep(window_s)
+        after = _busy_s()
+        if after is None or (after - before) / window_s < busy_below:
+            break
+    return time.monotonic() - start
+
+
+def _busy_s() -> float | None:
+    """Seconds this host's cores have spent running its own work (user, nice, system, irq,
+    softirq; not idle, I/O wait, or time a hypervisor gave other guests), from /proc/stat."""
+    try:
+        fields = (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = [int(f) for f in fields[:7]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = ticks
+    return (user + nice + system + irq + softirq) / TICKS_PER_S
+
+
 def _in_cores(seconds: dict[str, float], wall_s: float) -> dict[str, float]:
     """Seconds per name as cores over `wall_s`, largest first, names that used none left out."""
     return dict(sorted(((n, s / wall_s) for n, s in seconds.items() if s > 0),

@@ -23,9 +23,13 @@ engine replica, the ingress, Serve's proxy and controller, Ray's daemons) and th
 where a served figure below the offline one went (benchmarks/cpu.py).
 
 Prompts: Spec-Bench first turns spread over the categories, or random text of a fixed token count
-(`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). Usage:
+(`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). Each round's
+prompts open with the run's random tag and the round's number, so that a server that caches
+prefixes (vLLM does by default) serves no round's prefills from an earlier round's or run's
+(`--repeat-prompts` sends the same prompts every round). Usage:
   python -m benchmarks.serving [--concurrency 1,4,16] [--num-requests 48] [--max-tokens 128]
-      [--prompts spec-bench|random] [--rate R] [--rounds 1] [--app-arg policy=off ...]
+      [--prompts spec-bench|random] [--rate R] [--rounds 1] [--repeat-prompts]
+      [--app-arg policy=off ...]
       [--url http://host:8000] [--peer-url http://host:8001 --peer-model DIR] [--offline]
       [--peer-app-arg KEY=VALUE ...] [--peer-env NAME=VALUE ...] [--cpu] [--json OUT]
 """
@@ -39,6 +43,7 @@ import json
 import math
 import os
 import random
+import secrets
 import signal
 import socket
 import subprocess
@@ -319,6 +324,13 @@ def load_tokenizer(args: argparse.Namespace, app_args: dict):
     return AutoTokenizer.from_pretrained(args.tokenizer or resolve(app_args.get("model"), "target"))
 
 
+def round_texts(texts: Sequence[str], tag: str, round_no: int) -> list[str]:
+    """The prompts of round `round_no` of the run `tag`, each opening with both: a server that
+    caches prefixes (vLLM does by default) would otherwise prefill a repeated prompt only the
+    first time, and its later rounds (or runs) would measure the cache, not the server."""
+    return [f"({tag}-{round_no + 1}) {text}" for text in texts]
+
+
 def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
     if args.prompts == "random":
         return random_texts(load_tokenizer(args, app_args), args.num_requests, args.input_len,
@@ -353,6 +365,7 @@ class Offline:
         for _ in range(num_rounds):
             for load in loads:
                 c = load.concurrency
+                cpu.wait_until_idle()
                 result = run_closed(self.engine, self.requests, c,
                                     RunSpec(f"offline-{c}", {}, ignore_eos=True))
                 records = [_offline_record(out, c, i) for i, out in enumerate(result.outputs)]
@@ -513,6 +526,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="open loop: Poisson arrivals per second (C caps those in flight)")
     ap.add_argument("--num-requests", type=int, default=48, help="per round and level")
     ap.add_argument("--rounds", type=int, default=1, help="rounds per server and level")
+    ap.add_argument("--repeat-prompts", action="store_true",
+                    help="send every round the same prompts (a server's prefix cache then "
+                         "serves later rounds' prefills); default: each round's are its own")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--prompts", choices=("spec-bench", "random"), default="spec-bench")
     ap.add_argument("--prompt-file", type=Path, default=DEFAULT_PROMPTS)
@@ -523,7 +539,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="print the CPU each process of an app started here used during its "
                          "rounds (from /proc; the client's too)")
     ap.add_argument("--json", type=Path, default=None)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    # this run's own mark on its prompts: a peer that stays up between runs keeps their prefixes
+    args.prompt_tag = None if args.repeat_prompts else secrets.token_hex(3)
+    return args
 
 
 def parse_app_args(pairs: Sequence[str]) -> dict[str, str]:
@@ -566,6 +585,7 @@ def settings(args: argparse.Namespace, app_args: dict) -> dict:
         "num_requests": args.num_requests, "max_tokens": args.max_tokens,
         "concurrency": args.concurrency, "rate": args.rate, "rounds": args.rounds,
         "peer_url": args.peer_url, "offline": args.offline,
+        "prompt_tag": args.prompt_tag,
         "peer_app_args": parse_pairs(args.peer_app_arg, "--peer-app-arg"),
         "peer_env": parse_pairs(args.peer_env, "--peer-env"),
     }
@@ -579,7 +599,10 @@ def print_header(run: dict) -> None:
           f"{run['policy']}, {run['dtype']}, {run['engine_threads']} engine thread(s)")
     print(f"load: {run['prompts']} prompts, {run['num_requests']} streamed chat requests per "
           f"round, {run['max_tokens']} tokens each (temperature 0, ignore_eos), C = "
-          f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server")
+          f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server, "
+          + ("the same prompts every round" if run["prompt_tag"] is None
+             else f"each round's prompts opening with ({run['prompt_tag']}-ROUND), so that no "
+                  "prefix cache spans rounds or runs"))
     if run["peer_url"]:
         print(f"peer: {run['peer_url']}, rounds interleaved with ours")
     elif run["peer_app_args"] or run["peer_env"]:
@@ -605,7 +628,10 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
             for target in targets:
                 watch = use.get(target.server)
                 before = watch.start(target.pid) if watch is not None else None
-                done = asyncio.run(drive(target, texts, load, args.max_tokens, round_no))
+                sent = texts if args.prompt_tag is None else \
+                    round_texts(texts, args.prompt_tag, round_no)
+                cpu.wait_until_idle()  # the server before this round may still be spinning
+                done = asyncio.run(drive(target, sent, load, args.max_tokens, round_no))
                 if watch is not None:
                     watch.stop(target.pid, before)
                 rounds[target.server].append(done)
@@ -649,7 +675,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     run = settings(args, app_args)
     print_header(run)
     texts = load_texts(args, app_args)
-    offline = Offline(app_args, texts, args.max_tokens) if args.offline else None
+    # the engine caches no prefixes: one round's marked prompts stand for every round's
+    offline_texts = texts if args.prompt_tag is None else round_texts(texts, args.prompt_tag, 0)
+    offline = Offline(app_args, offline_texts, args.max_tokens) if args.offline else None
     half = max(1, math.ceil(args.rounds / 2))
     if offline is not None:
         offline.run(loads, half)

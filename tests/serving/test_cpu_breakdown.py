@@ -42,3 +42,17 @@ def test_cores_add_up_by_name_and_count_new_processes_from_zero():
     assert cpu.cores_by_process(before, after, 2.0) == {"a": 0.75}
     with pytest.raises(ValueError, match="wall_s"):
         cpu.cores_by_process(before, after, 0.0)
+
+
+def test_the_next_round_waits_while_a_core_still_spins(tmp_path):
+    """A server that spins a core after its round (vLLM's CPU engine does, for about a second)
+    would take it from the next server's round: the benchmark waits until the host is quiet."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)  # a full core for 2 s
+    spinner = subprocess.Popen([sys.executable, str(script)])
+    try:
+        time.sleep(0.3)
+        waited = cpu.wait_until_idle(busy_below=0.5, timeout_s=10.0)
+    finally:
+        spinner.wait()
+    assert waited >= 1.2  # not before the spinner's last ~1.7 s had passed

@@ -27,6 +27,7 @@ from benchmarks.serving import (
     parse_args,
     random_texts,
     report,
+    round_texts,
     settings,
     summarise,
 )
@@ -137,3 +138,18 @@ def test_cpu_of_the_app_during_its_rounds(server_url, capsys):
     assert cpu.CpuUse.CLIENT in cores and sum(cores.values()) > 0
     assert report(levels, [Load(2)], use, {}, MAX_TOKENS) == levels[0]
     assert f"CPU during {OURS}'s rounds, cores of {os.cpu_count()}" in capsys.readouterr().out
+
+
+def test_each_round_sends_its_own_prompts_unless_asked_to_repeat_them():
+    """A prefix cache (vLLM's default) must not serve one round's or run's prefills from
+    another's."""
+    args, again = parse_args([]), parse_args([])
+    assert args.prompt_tag != again.prompt_tag  # a peer kept up between runs
+    marked = [round_texts(TEXTS, tag, r) for tag in (args.prompt_tag, again.prompt_tag)
+              for r in (0, 1)]
+    for texts in zip(*marked, strict=True):
+        text = TEXTS[marked[0].index(texts[0])]
+        heads = [t[: t.index(text)] for t in texts]
+        assert all(t.endswith(text) for t in texts) and len(set(heads)) == len(heads)
+    assert settings(args, {})["prompt_tag"] == args.prompt_tag
+    assert settings(parse_args(["--repeat-prompts"]), {})["prompt_tag"] is None
