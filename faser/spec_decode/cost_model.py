@@ -105,10 +105,9 @@ class CostModel:
     `verify_ratio`, what verification adds to a plain step's forward of as many rows). Learned
     apart, since a scale learned from drafting steps charged plain steps the verification's extra
     work and made drafting look cheap; tied, since a replica that has only decoded would
-    otherwise price verification at the bare profile while pricing its plain steps at what they
-    measured (a plain step at 32 requests measured 1.8 times the profile, and verification at
-    the profile's price looked 40 % cheaper than it was); scales, not offsets, since the profile's
-    own curve knows what one more row costs."""
+    otherwise price verification at the bare profile while its plain steps cost what they
+    measured, far more at many requests over long contexts, and drafting looked cheap again;
+    scales, not offsets, since the profile's own curve knows what one more row costs."""
 
     __slots__ = ("_warm", "decode_scale", "draft_scale", "num_decodes", "num_drafted",
                  "num_observed", "profile", "verify_ratio")
@@ -124,9 +123,9 @@ class CostModel:
     @property
     def target_scale(self) -> float:
         """Never below the plain step's: a verifying forward does all that a plain one over as
-        many rows does, and more (a ratio learned from wide verifying steps, whose extra rows
-        cost less than the profile says, priced 17 rows below the 16-row plain step they
-        contain, and faser drafted at 16 requests and lost)."""
+        many rows does, and more. A ratio learned from wide verifying steps, whose extra rows
+        cost less than the profile says, would otherwise price a narrow verification below the
+        plain step it contains."""
         return self.decode_scale * max(1.0, self.verify_ratio)
 
     def draft_time(self, batch_size: float) -> float:
