@@ -625,12 +625,12 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
         rounds: dict[str, list[Round]] = {t.server: [] for t in targets}
         use = {t.server: cpu.CpuUse() for t in targets if args.cpu and t.pid is not None}
         for round_no in range(args.rounds):
+            sent = texts if args.prompt_tag is None else \
+                round_texts(texts, args.prompt_tag, round_no)
             for target in targets:
+                cpu.wait_until_idle()  # the server before this round may still be spinning
                 watch = use.get(target.server)
                 before = watch.start(target.pid) if watch is not None else None
-                sent = texts if args.prompt_tag is None else \
-                    round_texts(texts, args.prompt_tag, round_no)
-                cpu.wait_until_idle()  # the server before this round may still be spinning
                 done = asyncio.run(drive(target, sent, load, args.max_tokens, round_no))
                 if watch is not None:
                     watch.stop(target.pid, before)
