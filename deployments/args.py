@@ -52,6 +52,7 @@ class AppArgs(BaseModel):
     block_size: int = Field(default=16, ge=1)
     num_kv_blocks: int | None = Field(default=None, ge=1)
     kv_cache_memory_gb: float = Field(default=1.0, gt=0)
+    prefix_caching: bool = True  # reuse the KV of prompt blocks an earlier request computed
 
     # replicas and their resources: autoscaled by default, up to as many replicas as the
     # cluster's GPUs (device cuda) or CPUs hold ("auto", read as the cluster grows or shrinks)
@@ -162,6 +163,7 @@ class AppArgs(BaseModel):
             block_size=self.block_size,
             num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_gb=self.kv_cache_memory_gb,
+            prefix_caching=self.prefix_caching,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,

@@ -231,10 +231,15 @@ class DetokenizeRequest(_Request):
     tokens: list[int]
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # read from the prefix cache instead of computed
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class SpeculationReport(BaseModel):

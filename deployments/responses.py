@@ -26,6 +26,7 @@ from deployments.openai_schemas import (
     CompletionResponse,
     ErrorInfo,
     ErrorResponse,
+    PromptTokensDetails,
     SpeculationReport,
     TopLogprob,
     Usage,
@@ -123,8 +124,11 @@ class Formatter:
         # each prompt counts once, however many choices answer it
         prompt = sum(c.start.num_prompt_tokens for c in self.choices[:: self.request.n])
         completion = sum(c.last.num_output_tokens for c in self.choices if c.last is not None)
+        cached = sum(min(c.last.num_cached_tokens, c.start.num_prompt_tokens)
+                     for c in self.choices[:: self.request.n] if c.last is not None)
         return Usage(
-            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion
+            prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
         )
 
     def report(self) -> SpeculationReport:

@@ -66,6 +66,9 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int | None = None  # None: the model's own context length
+    # reuse the KV of full blocks an earlier request computed for the same leading tokens
+    # (faser/runner/block_manager.py); the output is the same either way
+    prefix_caching: bool = True
     num_threads: int | None = None  # torch intra-op threads; None: leave torch's default
     seed: int = 0
     # how linear weights are laid out (faser/runner/weights.py): "packed" (the row-invariant CPU

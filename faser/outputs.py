@@ -96,3 +96,4 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None = None
     # one per prompt token (None for the first, which nothing predicts) when asked for
     prompt_logprobs: list[TokenLogprob | None] | None = None
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache

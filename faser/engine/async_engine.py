@@ -72,6 +72,7 @@ class StreamDelta:
     spec_stats: SpecStats = field(default_factory=SpecStats)
     mode: str | None = None  # the engine's mode when the request finished
     logprobs: list[TextLogprob] | None = None  # token_ids' own, when the request asked for them
+    num_cached_tokens: int = 0  # prompt tokens read from the prefix cache
 
 
 class TextDeltas:
@@ -321,4 +322,5 @@ def to_delta(
         finish_reason=output.finish_reason,
         spec_stats=output.spec_stats,
         logprobs=logprobs,
+        num_cached_tokens=output.num_cached_tokens,
     )

@@ -52,7 +52,7 @@ class LLMEngine:
         self.tokenizer = self.pair.tokenizer
         self.model_name = self.pair.model_name
         num_blocks = config.num_kv_blocks or self._blocks_for_memory()
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, config.prefix_caching)
         # a request must always fit alone, or preemption could not make room for it
         self.max_model_len = min(self.pair.max_model_len, num_blocks * config.block_size - 17)
         options = self.pair.runner_options
@@ -234,6 +234,8 @@ class LLMEngine:
         for (seq, _), token in zip(sched.prefills, prefill_tokens, strict=True):
             if token is not None:
                 progressed.append((seq, self._append(seq, [token])))
+            else:
+                self.scheduler.cache_prefix(seq)
         outputs = [self._output(seq, new) for seq, new in progressed]
         outputs += [self._output(seq, []) for seq in self._aborted]
         self._aborted.clear()
@@ -246,6 +248,7 @@ class LLMEngine:
             seq.first_token_time = time.perf_counter()
         seq.roll_back_caches()
         self.blocks.truncate(seq.block_table, seq.num_tokens)
+        self.scheduler.cache_prefix(seq)
         if seq.finish_reason is not None:
             seq.finish_time = time.perf_counter()
             self.scheduler.finish(seq)
@@ -277,6 +280,7 @@ class LLMEngine:
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             prompt_logprobs=(list(seq.prompt_logprobs)
                              if seq.params.prompt_logprobs is not None else None),
+            num_cached_tokens=seq.num_cached_prompt_tokens,
         )
 
     # -- load -------------------------------------------------------------------------------

@@ -3,7 +3,10 @@
 Each step, running requests that decode come first (one token each, plus whatever speculation the
 policy adds later from the budget left), then chunks of prefills, oldest first. When KV blocks run
 out, the newest running request is preempted: its blocks are freed and it is recomputed later from
-its prompt and the tokens it already has, so memory pressure never fails a request."""
+its prompt and the tokens it already has, so memory pressure never fails a request. With prefix
+caching, a request's first chunk starts past the leading full blocks that the cache holds for its
+tokens (all but the last, whose logits it needs), and each step registers the full blocks the
+running requests have computed."""
 
 from __future__ import annotations
 
@@ -75,17 +78,55 @@ class Scheduler:
         return True
 
     def _schedule_prefill(self, seq: Sequence, out: SchedulerOutput) -> bool:
-        chunk = min(seq.num_uncached, out.token_budget_left)
-        if chunk <= 0:
+        if out.token_budget_left <= 0:
             return False
+        shared = not seq.block_table and self._share_prefix(seq)
+        chunk = min(seq.num_uncached, out.token_budget_left)
         if not self.blocks.allocate(seq.request_id, seq.block_table, seq.num_cached + chunk):
+            if shared:  # a waiting request holds no blocks
+                self.blocks.free(seq.block_table)
+                seq.reset_caches()
             return False
         out.prefills.append((seq, chunk))
         out.token_budget_left -= chunk
         return True
 
+    def _share_prefix(self, seq: Sequence) -> bool:
+        """Whether the cache held leading blocks of a request about to start (or restart) its
+        prefill; they are then its own first blocks, computed. A request that asks for prompt
+        logprobs computes every position, as those need each one's logits."""
+        if not self.blocks.prefix_caching or seq.params.prompt_logprobs is not None:
+            return False
+        shared = self.blocks.share(seq.token_ids[: seq.num_tokens - 1], seq.prefix_digests)
+        if not shared.blocks:
+            return False
+        size = self.blocks.block_size
+        seq.block_table.extend(shared.blocks)
+        seq.mark_target_cached(len(shared.blocks) * size)
+        seq.mark_draft_cached(shared.num_draft_ready * size)
+        seq.num_draft_marked = shared.num_draft_ready
+        if shared.feature is not None:  # the feature the draft reads first
+            seq.features.write(seq.num_draft_cached - 1, shared.feature[None])
+        seq.num_cached_prompt_tokens = max(seq.num_cached_prompt_tokens,
+                                           min(seq.num_cached, len(seq.prompt_token_ids)))
+        return True
+
+    def cache_prefix(self, seq: Sequence) -> None:
+        """Registers the full blocks the request's caches hold by now (prefix caching)."""
+        size = self.blocks.block_size
+        num_full, num_draft_full = seq.num_cached // size, seq.num_draft_cached // size
+        if not self.blocks.prefix_caching or (
+            num_full <= len(seq.prefix_digests)
+            and min(num_full, num_draft_full) <= seq.num_draft_marked
+        ):
+            return
+        seq.num_draft_marked = self.blocks.register(
+            seq.block_table, seq.token_ids, seq.prefix_digests, seq.num_cached,
+            seq.num_draft_cached, seq.num_draft_marked, seq.features.row)
+
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
+        self.cache_prefix(seq)  # its recompute reads back what is still cached
         self.blocks.free(seq.block_table)
         seq.reset_caches()
         seq.status = SequenceStatus.WAITING

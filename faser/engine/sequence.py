@@ -34,6 +34,11 @@ class Sequence:
     # positions held in the target's and the draft's KV caches; written only by the methods below
     num_cached: int = 0
     num_draft_cached: int = 0
+    # prefix caching (faser.runner.block_manager): the keys of the leading full blocks, those of
+    # them marked as holding the draft's half, and the prompt positions read from the cache
+    prefix_digests: list[bytes] = field(default_factory=list)
+    num_draft_marked: int = 0
+    num_cached_prompt_tokens: int = 0
     features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
     lookup: PromptLookup = field(default_factory=PromptLookup)  # for prompt lookup
     stats: SpecStats = field(default_factory=SpecStats)
@@ -64,7 +69,8 @@ class Sequence:
 
     def reset_caches(self) -> None:
         """Preempted: its blocks are freed, so both caches start again from the prompt."""
-        self.num_cached = self.num_draft_cached = 0
+        self.num_cached = self.num_draft_cached = self.num_draft_marked = 0
+        self.prefix_digests.clear()
 
     @property
     def token_ids(self) -> list[int]:

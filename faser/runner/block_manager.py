@@ -1,46 +1,86 @@
-"""Paged KV blocks: allocate, grow, roll back, free.
+"""Paged KV blocks: allocate, grow, roll back, free, and share cached prefixes.
 
 The target and the draft share one block table per request (two caches with the same number of
 blocks), so a slot means the same position in both. Rolling back rejected draft positions is
-shrinking a request's length and returning the blocks it no longer covers."""
+shrinking a request's length and returning the blocks it no longer covers.
+
+Prefix caching: a full block whose positions the target has computed for committed tokens is
+registered under a digest of every token up to its end (a chain: the previous block's digest and
+its own tokens), so that a later request whose tokens begin the same way reads it instead of
+computing it again. The kernels give a position the same bits however its prompt was chunked, so
+a shared block holds exactly what the request would have computed. A registered block is shared
+by reference count; once nobody holds it, it stays cached, and free blocks are handed out before
+the least recently released cached ones are evicted. The draft's half of a shared block is
+trusted only once the request that registered it had fed the draft up to the block's end; a block
+also keeps what a feature draft reads at its last position (the target's hidden state there), as
+the request that shares it drafts on from there without the target computing it again."""
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+ROOT_DIGEST = b""
+
+
+def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
+    """A block's key: its tokens and, through `parent`, every token before them. A cryptographic
+    hash, since two prefixes that collided would share KV that one of them never computed."""
+    return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+class SharedPrefix(NamedTuple):
+    blocks: list[int]  # the registered blocks the request now holds too
+    num_draft_ready: int  # how many of them lead with their draft half filled
+    feature: object | None  # what the last of those keeps for a feature draft, if anything
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks, self.block_size = num_blocks, block_size
+        self.prefix_caching = prefix_caching
         self._free: deque[int] = deque(range(num_blocks))
-        self._owner: dict[int, str] = {}  # block -> request id, to catch double use
+        self._refs: dict[int, int] = {}  # block -> the tables that hold it
+        self._cached: OrderedDict[int, None] = OrderedDict()  # registered, held by nobody: LRU
+        self._by_digest: dict[bytes, int] = {}
+        self._digest_of: dict[int, bytes] = {}
+        self._draft_ready: set[int] = set()  # registered blocks whose draft half is filled
+        self._features: dict[int, object] = {}  # registered block -> its last position's feature
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._cached)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Registered blocks, held or not."""
+        return len(self._by_digest)
 
     def blocks_needed(self, block_table: list[int], num_slots: int) -> int:
         """Blocks to add so that the table covers `num_slots` slots."""
         return max(0, -(-num_slots // self.block_size) - len(block_table))
 
     def can_allocate(self, block_table: list[int], num_slots: int) -> bool:
-        return self.blocks_needed(block_table, num_slots) <= len(self._free)
+        return self.blocks_needed(block_table, num_slots) <= self.num_free_blocks
 
     def allocate(self, request_id: str, block_table: list[int], num_slots: int) -> bool:
         """Grows the table to cover `num_slots` slots; all or nothing."""
         needed = self.blocks_needed(block_table, num_slots)
-        if needed > len(self._free):
+        if needed > self.num_free_blocks:
             return False
         for _ in range(needed):
-            block = self._free.popleft()
-            assert block not in self._owner, f"block {block} handed out twice"
-            self._owner[block] = request_id
+            block = self._free.popleft() if self._free else self._evict()
+            assert block not in self._refs, f"block {block} handed out twice"
+            self._refs[block] = 1
             block_table.append(block)
         return True
 
@@ -54,7 +94,77 @@ class BlockManager:
         while block_table:
             self._release(block_table.pop())
 
+    # -- prefix caching ------------------------------------------------------------------------
+
+    def share(self, token_ids: Sequence[int], digests: list[bytes]) -> SharedPrefix:
+        """The registered blocks that hold the longest run of full blocks `token_ids` begins with,
+        each now held once more; `digests` (empty) receives their keys."""
+        blocks: list[int] = []
+        parent = ROOT_DIGEST
+        for end in range(self.block_size, len(token_ids) + 1, self.block_size):
+            digest = block_digest(parent, token_ids[end - self.block_size : end])
+            block = self._by_digest.get(digest)
+            if block is None:
+                break
+            self._hold(block)
+            blocks.append(block)
+            digests.append(digest)
+            parent = digest
+        num_ready = next((n for n, b in enumerate(blocks) if b not in self._draft_ready),
+                         len(blocks))
+        feature = self._features.get(blocks[num_ready - 1]) if num_ready else None
+        return SharedPrefix(blocks, num_ready, feature)
+
+    def register(
+        self, block_table: list[int], token_ids: Sequence[int], digests: list[bytes],
+        num_positions: int, num_draft_positions: int, num_draft_marked: int,
+        feature_at: Callable[[int], object | None] = lambda pos: None,
+    ) -> int:
+        """Registers the table's full blocks within the first `num_positions` positions (those the
+        target holds for `token_ids`) past the `len(digests)` already keyed, appending their keys
+        and keeping `feature_at` their last positions; marks those past the first
+        `num_draft_marked` and within `num_draft_positions` as holding the draft's half too, and
+        returns how many are marked. A block whose key another block already holds stays the
+        table's own."""
+        size = self.block_size
+        for n in range(len(digests), min(num_positions, len(token_ids)) // size):
+            parent = digests[-1] if digests else ROOT_DIGEST
+            digest = block_digest(parent, token_ids[n * size : (n + 1) * size])
+            digests.append(digest)
+            block = block_table[n]
+            if digest not in self._by_digest and block not in self._digest_of:
+                self._by_digest[digest] = block
+                self._digest_of[block] = digest
+                if (feature := feature_at((n + 1) * size - 1)) is not None:
+                    self._features[block] = feature
+        marked = max(num_draft_marked, min(len(digests), num_draft_positions // size))
+        for n in range(num_draft_marked, marked):
+            block = block_table[n]
+            if self._digest_of.get(block) == digests[n]:
+                self._draft_ready.add(block)
+        return marked
+
+    def _hold(self, block: int) -> None:
+        if block in self._cached:
+            del self._cached[block]
+            self._refs[block] = 1
+        else:
+            self._refs[block] += 1
+
+    def _evict(self) -> int:
+        block, _ = self._cached.popitem(last=False)
+        del self._by_digest[self._digest_of.pop(block)]
+        self._draft_ready.discard(block)
+        self._features.pop(block, None)
+        return block
+
     def _release(self, block: int) -> None:
-        assert block in self._owner, f"block {block} freed twice"
-        del self._owner[block]
-        self._free.append(block)
+        assert block in self._refs, f"block {block} freed twice"
+        self._refs[block] -= 1
+        if self._refs[block]:
+            return
+        del self._refs[block]
+        if block in self._digest_of:
+            self._cached[block] = None
+        else:
+            self._free.append(block)

@@ -65,6 +65,13 @@ class TargetFeatures:
             out[lo - first : hi - first] = held[lo - self.start : hi - self.start]
         return out
 
+    def row(self, pos: int) -> torch.Tensor | None:
+        """A copy of h_pos, when held."""
+        held = self.rows
+        if held is None or not self.start <= pos < self.end:
+            return None
+        return held[pos - self.start].clone()
+
     def forget_before(self, pos: int) -> None:
         """Drops h_p for p < pos: the draft will never read them again."""
         if self._buffer is not None and pos > self.start:

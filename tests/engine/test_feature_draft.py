@@ -114,6 +114,21 @@ def test_it_reads_the_targets_features(feature_pair, monkeypatch):
     assert acceptance() < with_features - 0.3
 
 
+def test_prompts_read_from_the_prefix_cache_keep_output_and_guesses(feature_pair, plain_greedy):
+    """Run again, the prompts' full blocks come from the cache, with the draft's half the first
+    run filled from the target's features and the feature it reads on from: no token changes
+    and the draft guesses as well (reading a zero feature there instead cost 0.05)."""
+    llm, first = run(feature_pair, "fixed:1")
+    stats = llm.engine.stats
+    accepted, drafted = stats.num_accepted_tokens, stats.num_draft_tokens
+    again = llm.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in again] == first == plain_greedy
+    # every full block but one holding a prompt's last token, whose logits the request needs
+    assert [o.num_cached_tokens for o in again] == [(len(p) - 1) // 4 * 4 for p in PROMPTS]
+    rate = (stats.num_accepted_tokens - accepted) / (stats.num_draft_tokens - drafted)
+    assert rate == pytest.approx(accepted / drafted, abs=0.02)
+
+
 def test_frontiers_chunked_prefill_and_preemption(feature_pair, plain_greedy):
     llm, outputs = run(feature_pair, "fixed:4", frontier_size=2, num_kv_blocks=28,
                        max_num_batched_tokens=8, max_num_seqs=4)

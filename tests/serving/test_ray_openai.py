@@ -104,6 +104,18 @@ def test_completion_usage_and_speculation(client, tokenizer):
     assert 0 < spec["drafted"] <= 10 and capped.usage.prompt_tokens == 3
 
 
+def test_a_repeated_prompt_reports_its_cached_tokens(client):
+    """The second request reads the first one's full blocks (16 tokens each) from the prefix
+    cache, all but the one holding the prompt's last token, and answers the same."""
+    prompt = list(range(40, 80))
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                  extra_body={"ignore_eos": True})
+    first, again = client.completions.create(**kwargs), client.completions.create(**kwargs)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    assert again.choices[0].text == first.choices[0].text
+
+
 def test_streamed_completion_equals_non_streamed(client):
     kwargs = dict(model=MODEL, prompt="Hello, world!", max_tokens=16, temperature=0,
                   extra_body={"ignore_eos": True})

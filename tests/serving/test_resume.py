@@ -221,7 +221,10 @@ def test_over_http_a_non_streamed_answer_is_whole_and_a_lost_stream_ends_cleanly
     resumed, handle = post(serving, [5, 3], body)
     assert len(handle.requests) == 3 and resumed.status_code == 200
     assert resumed.json()["choices"] == undisturbed.json()["choices"]
-    assert resumed.json()["usage"] == undisturbed.json()["usage"]
+    # the same counts; the continuations may have read the first attempt's blocks from the cache
+    usage, again = undisturbed.json()["usage"], resumed.json()["usage"]
+    del usage["prompt_tokens_details"], again["prompt_tokens_details"]
+    assert again == usage
 
     seeded = {**body, "temperature": 1.0, "seed": 3, "stream": True}
     lost, _ = post(serving, [4], seeded)
