@@ -325,10 +325,11 @@ def load_tokenizer(args: argparse.Namespace, app_args: dict):
 
 
 def round_texts(texts: Sequence[str], tag: str, round_no: int) -> list[str]:
-    """The prompts of round `round_no` of the run `tag`, each opening with both: a server that
-    caches prefixes (vLLM does by default) would otherwise prefill a repeated prompt only the
-    first time, and its later rounds (or runs) would measure the cache, not the server."""
-    return [f"({tag}-{round_no + 1}) {text}" for text in texts]
+    """The prompts of round `round_no` of the run `tag`, each opening with both, the round first:
+    a server that caches prefixes (vLLM does by default, and the engine) would otherwise prefill
+    a repeated prompt only the first time, and its later rounds (or runs) would measure the
+    cache, not the server."""
+    return [f"({round_no + 1}-{tag}) {text}" for text in texts]
 
 
 def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
@@ -343,21 +344,28 @@ def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
 
 class Offline:
     """The engine with the app's settings (AppArgs.engine_config) in this process, closed loop at
-    each C over the same prompts: the figure the served path is held against. `run` adds rounds;
-    `summaries` pools every round so far, level by level."""
+    each C over the same prompts: the figure the served path is held against. Each round's
+    prompts open with the run's `tag` and the round's own mark (none when `tag` is None), as the
+    served rounds' do, since the engine caches prefixes too. `run` adds rounds; `summaries`
+    pools every round so far, level by level."""
 
-    def __init__(self, app_args: dict, texts: Sequence[str], max_tokens: int) -> None:
+    def __init__(self, app_args: dict, texts: Sequence[str], max_tokens: int,
+                 tag: str | None) -> None:
         from benchmarks.driver import RunSpec, run_closed
-        from benchmarks.workload import BenchRequest
         from deployments.args import AppArgs
         from faser.engine.llm_engine import LLMEngine
 
         self.engine = LLMEngine(AppArgs.model_validate(app_args).engine_config())
-        self.requests = [BenchRequest(tuple(render_chat(self.engine.tokenizer, t)), max_tokens)
-                         for t in texts]
-        run_closed(self.engine, [BenchRequest(self.requests[0].prompt_token_ids, WARMUP_TOKENS)],
-                   1, RunSpec("warmup", {}, ignore_eos=True))
+        self.texts, self.max_tokens, self.tag = list(texts), max_tokens, tag
+        warmup = self._requests(["Hello!"], WARMUP_TOKENS)
+        run_closed(self.engine, warmup, 1, RunSpec("warmup", {}, ignore_eos=True))
         self.rounds: dict[int, list[Round]] = {}
+
+    def _requests(self, texts: Sequence[str], max_tokens: int) -> list:
+        from benchmarks.workload import BenchRequest
+
+        return [BenchRequest(tuple(render_chat(self.engine.tokenizer, t)), max_tokens)
+                for t in texts]
 
     def run(self, loads: Sequence[Load], num_rounds: int) -> None:
         from benchmarks.driver import RunSpec, run_closed
@@ -365,8 +373,11 @@ class Offline:
         for _ in range(num_rounds):
             for load in loads:
                 c = load.concurrency
+                round_no = len(self.rounds.get(c, []))
+                texts = self.texts if self.tag is None else \
+                    round_texts(self.texts, f"{self.tag}-offline", round_no)
                 cpu.wait_until_idle()
-                result = run_closed(self.engine, self.requests, c,
+                result = run_closed(self.engine, self._requests(texts, self.max_tokens), c,
                                     RunSpec(f"offline-{c}", {}, ignore_eos=True))
                 records = [_offline_record(out, c, i) for i, out in enumerate(result.outputs)]
                 self.rounds.setdefault(c, []).append(Round(records, result.wall_s))
@@ -601,7 +612,7 @@ def print_header(run: dict) -> None:
           f"round, {run['max_tokens']} tokens each (temperature 0, ignore_eos), C = "
           f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server, "
           + ("the same prompts every round" if run["prompt_tag"] is None
-             else f"each round's prompts opening with ({run['prompt_tag']}-ROUND), so that no "
+             else f"each round's prompts opening with (ROUND-{run['prompt_tag']}), so that no "
                   "prefix cache spans rounds or runs"))
     if run["peer_url"]:
         print(f"peer: {run['peer_url']}, rounds interleaved with ours")
@@ -675,9 +686,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     run = settings(args, app_args)
     print_header(run)
     texts = load_texts(args, app_args)
-    # the engine caches no prefixes: one round's marked prompts stand for every round's
-    offline_texts = texts if args.prompt_tag is None else round_texts(texts, args.prompt_tag, 0)
-    offline = Offline(app_args, offline_texts, args.max_tokens) if args.offline else None
+    offline = Offline(app_args, texts, args.max_tokens, args.prompt_tag) if args.offline else None
     half = max(1, math.ceil(args.rounds / 2))
     if offline is not None:
         offline.run(loads, half)

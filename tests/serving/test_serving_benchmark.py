@@ -19,6 +19,7 @@ from benchmarks.serving import (
     OFFLINE,
     OURS,
     Load,
+    Offline,
     drive,
     main,
     make_target,
@@ -153,3 +154,23 @@ def test_each_round_sends_its_own_prompts_unless_asked_to_repeat_them():
         assert all(t.endswith(text) for t in texts) and len(set(heads)) == len(heads)
     assert settings(args, {})["prompt_tag"] == args.prompt_tag
     assert settings(parse_args(["--repeat-prompts"]), {})["prompt_tag"] is None
+
+
+@pytest.mark.parametrize("tag", ["a1b2c3", None])
+def test_the_offline_rounds_mark_their_prompts_as_the_served_ones_do(tiny_pair, tag):
+    """The engine caches prefixes: a round that repeated an earlier one's prompts would read
+    their blocks and compute only the last one's tokens, unless asked to repeat them."""
+    target, draft = tiny_pair
+    app = {"model": str(target), "draft_model": str(draft), "policy": "off",
+           "num_kv_blocks": 64, "block_size": 4}
+    texts = ["the first prompt, long enough for blocks", "a second one, as long as the first"]
+    offline = Offline(app, texts, MAX_TOKENS, tag)
+    computed = []
+    for _ in range(2):
+        before = offline.engine.target.num_positions_computed
+        offline.run([Load(1)], 1)
+        computed.append(offline.engine.target.num_positions_computed - before)
+    if tag is None:
+        assert computed[1] < computed[0] - 8
+    else:
+        assert computed[1] == computed[0]
