@@ -151,3 +151,16 @@ def test_lane_threads_are_checked():
         make_lanes("cpu", (1, 0))
     with pytest.raises(ValueError, match="lane_threads"):
         Lane("t", num_threads=0)
+
+
+def test_overlap_drafts_on_from_a_cached_prefix(tiny_models, hf_greedy):
+    """Requests that begin like an earlier one read its blocks, the draft's half included, and
+    the overlapped steps after them stay lossless."""
+    llm = overlapped(tiny_models["gqa_tied"], tiny_models["gqa_tied_draft"], "fixed:3")
+    llm.generate(PROMPTS[2:3], GREEDY)
+    longer = [PROMPTS[2] + [1, 2], PROMPTS[2][:30] + [3]]
+    outputs = llm.generate(longer, GREEDY)
+    for prompt, out in zip(longer, outputs, strict=True):
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+    assert [o.num_cached_tokens for o in outputs] == [40, 28]
+    assert llm.engine.speculator.overlap.stats.steps > 0
