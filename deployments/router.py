@@ -5,12 +5,15 @@ The policy itself lives in routing_policy (pure functions); this class only gath
 each replica's `record_routing_stats` (engine load, KV use, mode, acceptance) and this router's
 own count of requests in flight per replica. The fleet's load rides along with the request in the
 `cluster_load` keyword argument (when the call has one), so every replica's mode controller
-switches between overlap and prune as the load on the fleet, not only its own, changes.
+switches between overlap and prune as the load on the fleet, not only its own, changes. The router
+remembers which replica it last sent each request prefix to (routing_policy.prefix_key), so that
+among about equally loaded replicas a conversation's next turn goes where its blocks are cached.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import Counter, OrderedDict, defaultdict
+from typing import Any
 
 from ray.serve.request_router import (
     FIFOMixin,
@@ -21,15 +24,23 @@ from ray.serve.request_router import (
 )
 
 from deployments.pending_choices import PendingChoices
-from deployments.routing_policy import ReplicaLoad, cluster_load, load_from_stats, order_replicas
+from deployments.routing_policy import (
+    ReplicaLoad,
+    cluster_load,
+    load_from_stats,
+    order_replicas,
+    prefix_key,
+)
 
 CLUSTER_LOAD_KWARG = "cluster_load"
+MAX_PREFIXES = 1 << 14  # prefixes remembered, least recently routed forgotten first
 
 
 class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
         self._inflight: dict[ReplicaID, int] = defaultdict(int)
         self._pending = PendingChoices()
+        self._prefixes: OrderedDict[str, str] = OrderedDict()  # prefix key -> replica id
 
     async def choose_replicas(
         self,
@@ -43,7 +54,13 @@ class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
             self._pending.discard(_request_key(pending_request))
         pending = self._pending.counts()
         loads = [self._load(r, pending) for r in candidate_replicas]
-        order = order_replicas(loads)
+        key = _prefix_key(pending_request)
+        order = order_replicas(loads, preferred=self._prefixes.get(key) if key else None)
+        if key is not None:
+            self._prefixes[key] = order[0]
+            self._prefixes.move_to_end(key)
+            if len(self._prefixes) > MAX_PREFIXES:
+                self._prefixes.popitem(last=False)
         if pending_request is not None:
             # past the first round Ray backs off instead of spinning on full replicas
             pending_request.routing_context.should_backoff = True
@@ -86,6 +103,15 @@ class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
         seen = {load.replica_id for load in candidate_loads}
         rest = [self._load(r, pending) for r in self.curr_replicas.values()]
         return candidate_loads + [load for load in rest if load.replica_id not in seen]
+
+
+def _prefix_key(pending_request: PendingRequest | None) -> str | None:
+    """The prefix key of a generate call's request (its first argument); None for other calls."""
+    args: list[Any] = pending_request.args if pending_request is not None else []
+    request = args[0] if args else None
+    if not hasattr(request, "kind"):
+        return None
+    return prefix_key(request.kind, request.prompt, request.messages)
 
 
 def _request_key(pending_request: PendingRequest) -> object:

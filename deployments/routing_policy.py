@@ -4,17 +4,23 @@ Each replica reports its engine's load (`record_routing_stats`) every fraction o
 router also counts the requests it chose or sent that have not completed, which is exact for its
 own traffic and fresher than any report. A replica's load is the larger of the two, over its
 capacity, plus a KV term so that a replica whose cache is nearly full (long sequences) looks
-busier than one with as many short requests.
+busier than one with as many short requests. Among replicas about equally loaded, the one that
+last served a request beginning the same way goes first (its prefix cache holds the blocks),
+then the one with the higher acceptance.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 KV_WEIGHT = 0.5  # a full KV cache counts as half a replica's worth of requests
 ORDER_TOLERANCE = 0.1  # scores this close (a tenth of a replica) count as equally loaded
+# a completion prompt's leading characters that key its prefix: short, so that a prompt that grows
+# turn by turn (a conversation sent as one text) keeps its key
+PREFIX_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,17 +62,20 @@ def replica_score(load: ReplicaLoad) -> float:
 
 
 def order_replicas(
-    loads: Sequence[ReplicaLoad], tolerance: float = ORDER_TOLERANCE
+    loads: Sequence[ReplicaLoad], tolerance: float = ORDER_TOLERANCE,
+    preferred: str | None = None,
 ) -> list[str]:
     """Replica ids, the one to route to first. Replicas within `tolerance` of the least loaded
-    one left count as equally loaded and go in order of acceptance, higher first: a request
-    there needs fewer target steps per token."""
+    one left count as equally loaded: `preferred` (the replica whose prefix cache likely holds
+    the request's beginning) first, then in order of acceptance, higher first: a request there
+    needs fewer target steps per token."""
     remaining = sorted(loads, key=lambda r: (replica_score(r), r.replica_id))
     order: list[str] = []
     while remaining:
         best = replica_score(remaining[0])
         near = [r for r in remaining if replica_score(r) - best <= tolerance]
-        near.sort(key=lambda r: -r.alpha)  # stable: equal acceptance keeps the score order
+        # stable: equal acceptance keeps the score order
+        near.sort(key=lambda r: (r.replica_id != preferred, -r.alpha))
         order += [r.replica_id for r in near]
         remaining = [r for r in remaining if r not in near]
     return order
@@ -79,3 +88,23 @@ def cluster_load(loads: Sequence[ReplicaLoad]) -> float:
     if capacity == 0:
         return 0.0
     return sum(load.num_requests for load in loads) / capacity
+
+
+def prefix_key(
+    kind: str, prompt: str | Sequence[int] | None, messages: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """What a request begins with, as a key that a conversation's later turns share: a chat's
+    messages through its first user message, a completion prompt's first PREFIX_CHARS
+    characters (or a quarter as many token ids); None for an empty request."""
+    if kind == "chat":
+        head: list[str] = []
+        for message in messages:
+            head.append(f"{message.get('role')}:{message.get('content')}")
+            if message.get("role") == "user":
+                break
+        text = "\n".join(head)
+    elif isinstance(prompt, str):
+        text = prompt[:PREFIX_CHARS]
+    else:
+        text = ",".join(map(str, list(prompt or ())[: PREFIX_CHARS // 4]))
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest() if text else None

@@ -8,6 +8,7 @@ from deployments.routing_policy import (
     cluster_load,
     load_from_stats,
     order_replicas,
+    prefix_key,
     replica_score,
 )
 
@@ -41,6 +42,29 @@ def test_nearly_equal_replicas_go_in_order_of_acceptance():
     equal = [load("a", num_running=2, alpha=0.3), load("b", num_running=2, kv_usage=0.05)]
     assert order_replicas(equal, tolerance=0.0) == ["a", "b"]
     assert order_replicas(equal) == ["a", "b"]
+
+
+def test_the_replica_that_holds_the_prefix_goes_first_among_equals_only():
+    loads = [load("a", num_running=2, alpha=0.8), load("b", num_running=2, alpha=0.3),
+             load("c", num_running=6)]
+    assert order_replicas(loads, preferred="b") == ["b", "a", "c"]
+    assert order_replicas(loads, preferred="c") == ["a", "b", "c"]  # too busy to be preferred
+    assert order_replicas(loads, preferred="gone") == order_replicas(loads) == ["a", "b", "c"]
+
+
+def test_a_conversations_turns_share_their_prefix_key():
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    later = first + [{"role": "assistant", "content": "Hello!"},
+                     {"role": "user", "content": "Why?"}]
+    other = [first[0], {"role": "user", "content": "Bye"}]
+    assert prefix_key("chat", None, later) == prefix_key("chat", None, first)
+    assert prefix_key("chat", None, other) != prefix_key("chat", None, first)
+    text = "Translate to French, sentence by sentence, keeping names as they are: the cat sat."
+    assert prefix_key("completion", text + " Le chat", ()) == prefix_key("completion", text, ())
+    assert prefix_key("completion", "Hello", ()) != prefix_key("completion", "Help", ())
+    ids = list(range(40))
+    assert prefix_key("completion", ids + [7], ()) == prefix_key("completion", ids, ())
+    assert prefix_key("completion", "", ()) is None
 
 
 def test_score_is_relative_to_capacity():
