@@ -64,7 +64,8 @@ def make_engine(args: argparse.Namespace, variant: str) -> LLM:
     dtype, _, weight_format = variant.removesuffix("-unfused").partition("-")
     llm = LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
               num_threads=args.threads, weight_format=weight_format or "auto",
-              dtype=DTYPES.get(dtype, dtype), max_num_seqs=32)
+              dtype=DTYPES.get(dtype, dtype), max_num_seqs=32,
+              prefix_caching=False)  # the repeats send the same prompts (and so does the peer)
     if variant.endswith("-unfused"):
         llm.engine.pair.target.fused_layers = None
     return llm

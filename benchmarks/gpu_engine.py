@@ -113,7 +113,8 @@ def build_llm(target: Path, draft: Path, device: str, dtype: str, max_seqs: int,
     return LLM(
         str(target), draft_model=str(draft), device=device, dtype=dtype, spec=spec,
         block_size=16, num_kv_blocks=max_seqs * blocks_per_seq + 16, max_num_seqs=max_seqs,
-        max_num_batched_tokens=max(2048, max_seqs), max_model_len=max_len, **options,
+        max_num_batched_tokens=max(2048, max_seqs), max_model_len=max_len,
+        prefix_caching=False, **options,  # every policy's run sends the same prompts
     )
 
 

@@ -156,6 +156,9 @@ def build_engine(args: argparse.Namespace, max_concurrency: int) -> LLMEngine:
         lane_threads=_lane_threads(args.lane_threads), seed=args.seed,
         max_num_seqs=max(64, max_concurrency),
         max_num_batched_tokens=max(512, max_concurrency),
+        # every round and policy sends the same prompts: a prefix cache would prefill them once
+        # and hand the first round's cost to whichever policy ran it
+        prefix_caching=False,
     )
     return LLMEngine(config)
 

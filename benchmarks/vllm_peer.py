@@ -16,7 +16,9 @@ def main() -> None:
 
     with open(sys.argv[1]) as f:
         spec = json.load(f)
-    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=2048, seed=0)
+    # as the engine it is held against: the warm-up and each batch resend the same prompts
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=2048, seed=0,
+              enable_prefix_caching=False)
     prompts = [{"prompt_token_ids": ids} for ids in spec["prompts"]]
     params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
     llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
