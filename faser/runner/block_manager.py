@@ -7,8 +7,9 @@ shrinking a request's length and returning the blocks it no longer covers.
 Prefix caching: a full block whose positions the target has computed for committed tokens is
 registered under a digest of every token up to its end (a chain: the previous block's digest and
 its own tokens), so that a later request whose tokens begin the same way reads it instead of
-computing it again. The kernels give a position the same bits however its prompt was chunked, so
-a shared block holds exactly what the request would have computed. A registered block is shared
+computing it again. Where the step's kernels are row-invariant, a position gets the same bits
+however its prompt was chunked, so a shared block holds exactly what the request would have
+computed (elsewhere it differs as a chunked prefill does). A registered block is shared
 by reference count; once nobody holds it, it stays cached, and free blocks are handed out before
 the least recently released cached ones are evicted. The draft's half of a shared block is
 trusted only once the request that registered it had fed the draft up to the block's end; a block
