@@ -13,7 +13,6 @@ among about equally loaded replicas a conversation's next turn goes where its bl
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, defaultdict
-from typing import Any
 
 from ray.serve.request_router import (
     FIFOMixin,
@@ -31,6 +30,7 @@ from deployments.routing_policy import (
     order_replicas,
     prefix_key,
 )
+from deployments.serving import GenerateRequest
 
 CLUSTER_LOAD_KWARG = "cluster_load"
 MAX_PREFIXES = 1 << 14  # prefixes remembered, least recently routed forgotten first
@@ -106,10 +106,10 @@ class LoadAwareRequestRouter(FIFOMixin, RequestRouter):
 
 
 def _prefix_key(pending_request: PendingRequest | None) -> str | None:
-    """The prefix key of a generate call's request (its first argument); None for other calls."""
-    args: list[Any] = pending_request.args if pending_request is not None else []
+    """The prefix key of a call whose first argument is a request; None for other calls."""
+    args = pending_request.args if pending_request is not None else []
     request = args[0] if args else None
-    if not hasattr(request, "kind"):
+    if not isinstance(request, GenerateRequest):
         return None
     return prefix_key(request.kind, request.prompt, request.messages)
 

@@ -78,7 +78,7 @@ class Scheduler:
         return True
 
     def _schedule_prefill(self, seq: Sequence, out: SchedulerOutput) -> bool:
-        if out.token_budget_left <= 0:
+        if min(seq.num_uncached, out.token_budget_left) <= 0:
             return False
         shared = not seq.block_table and self._share_prefix(seq)
         chunk = min(seq.num_uncached, out.token_budget_left)

@@ -7,19 +7,20 @@ import pytest
 from faser.runner.block_manager import BlockManager
 
 
-def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0):
-    """A request that computed `tokens` (all of them, in the target; `num_draft` in the draft),
-    registered and then freed."""
+def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0,
+               feature_at=lambda pos: None):
+    """A request that computed `tokens` (all of them in the target, `num_draft` in the draft)
+    and registered them: its table, its keys and how many blocks hold the draft's half."""
     table: list[int] = []
     assert blocks.allocate("a", table, len(tokens))
     digests: list[bytes] = []
-    blocks.register(table, tokens, digests, len(tokens), num_draft, 0)
-    return table, digests
+    marked = blocks.register(table, tokens, digests, len(tokens), num_draft, 0, feature_at)
+    return table, digests, marked
 
 
 def test_a_later_request_shares_the_full_blocks_its_tokens_begin_with():
     blocks = BlockManager(16, 4, prefix_caching=True)
-    table, _ = registered(blocks, list(range(10)))  # two full blocks, half a third
+    table, _, _ = registered(blocks, list(range(10)))  # two full blocks, half a third
     assert blocks.num_cached_blocks == 2
     digests: list[bytes] = []
     shared = blocks.share([0, 1, 2, 3, 4, 5, 6, 7, 99], digests)
@@ -36,7 +37,7 @@ def test_a_block_is_keyed_by_every_token_before_it():
 
 def test_shared_blocks_are_counted_and_freed_once_per_holder():
     blocks = BlockManager(4, 4, prefix_caching=True)
-    table, _ = registered(blocks, list(range(8)))
+    table, _, _ = registered(blocks, list(range(8)))
     shared = blocks.share(list(range(8)), []).blocks
     assert blocks.num_free_blocks == 2
     blocks.free(table)  # the first holder leaves; the second still reads them
@@ -50,9 +51,9 @@ def test_shared_blocks_are_counted_and_freed_once_per_holder():
 
 def test_free_blocks_go_first_then_the_least_recently_released_cached_ones():
     blocks = BlockManager(4, 4, prefix_caching=True)
-    first, _ = registered(blocks, [1] * 4)
+    first, _, _ = registered(blocks, [1] * 4)
     blocks.free(first)
-    second, _ = registered(blocks, [2] * 4)
+    second, _, _ = registered(blocks, [2] * 4)
     kept = list(second)
     blocks.free(second)
     table: list[int] = []
@@ -65,11 +66,8 @@ def test_free_blocks_go_first_then_the_least_recently_released_cached_ones():
 
 def test_the_drafts_half_is_trusted_only_where_it_was_fed():
     blocks = BlockManager(16, 4, prefix_caching=True)
-    table: list[int] = []
     tokens = list(range(12))
-    assert blocks.allocate("a", table, 12)
-    digests: list[bytes] = []
-    marked = blocks.register(table, tokens, digests, 12, 5, 0)  # the draft fed 5 positions
+    table, digests, marked = registered(blocks, tokens, num_draft=5)  # the draft fed 5
     assert marked == 1
     assert blocks.share(tokens, []).num_draft_ready == 1
     assert blocks.register(table, tokens, digests, 12, 12, marked) == 3
@@ -78,9 +76,9 @@ def test_the_drafts_half_is_trusted_only_where_it_was_fed():
 
 def test_a_key_held_by_another_block_stays_with_it():
     blocks = BlockManager(16, 4, prefix_caching=True)
-    first, _ = registered(blocks, [5] * 4)
+    first, _, _ = registered(blocks, [5] * 4)
     kept = list(first)
-    second, _ = registered(blocks, [5] * 4)  # computed beside the first, before it registered
+    second, _, _ = registered(blocks, [5] * 4)  # computed beside the first, before it registered
     blocks.free(second)
     assert blocks.num_cached_blocks == 1 and blocks.num_free_blocks == 15
     assert blocks.share([5] * 4, []).blocks == kept
@@ -88,10 +86,8 @@ def test_a_key_held_by_another_block_stays_with_it():
 
 def test_a_block_keeps_its_last_positions_feature_for_the_draft_that_reads_on():
     blocks = BlockManager(16, 4, prefix_caching=True)
-    table: list[int] = []
     tokens = list(range(9))
-    assert blocks.allocate("a", table, 9)
-    blocks.register(table, tokens, [], 9, 9, 0, feature_at=lambda pos: f"h{pos}")
+    table, _, _ = registered(blocks, tokens, num_draft=9, feature_at=lambda pos: f"h{pos}")
     shared = blocks.share(tokens, [])
     assert shared == (table[:2], 2, "h7")
     blocks.free(table)
