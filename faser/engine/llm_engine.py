@@ -22,6 +22,7 @@ from faser.runner.model_runner import ModelRunner
 from faser.runner.precision import resolve_dtype
 from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
 from faser.sampling_params import SamplingParams
+from faser.slo import Slo, request_met
 from faser.spec_decode.cost_model import (
     DRAFT_POINTS,
     TARGET_POINTS,
@@ -31,7 +32,6 @@ from faser.spec_decode.cost_model import (
     profile_key,
 )
 from faser.spec_decode.policy import LoadView, prices_steps
-from faser.spec_decode.slo import Slo, request_met
 from faser.spec_decode.speculator import Speculator
 from faser.spec_decode.state import SpecState
 from faser.spec_decode.verifier import Verdict

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from faser.layers.sampler import argmax, request_probs
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.spec_decode.lookup import MAX_N
-from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import argmax, history, request_probs
+from faser.spec_decode.request import SpecRequest, history
 from faser_kernels.rejection import sample_inverse_cdf
 
 

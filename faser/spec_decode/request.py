@@ -4,10 +4,12 @@ moved only through the request's own methods."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
+from faser.layers.sampler import History
 from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.features import TargetFeatures
@@ -49,3 +51,11 @@ class SpecRequest(Protocol):
 
     @property
     def last_token_id(self) -> int: ...
+
+
+def history(seq: SpecRequest, drafted: Sequence[int] = ()) -> History | None:
+    """The tokens the penalties of seq's row after `drafted` (tokens past its committed ones)
+    look at; None when the request has no penalties, which need none."""
+    if not seq.params.penalised:
+        return None
+    return History(seq.prompt_token_ids, seq.output_token_ids + list(drafted))

@@ -1,8 +1,5 @@
-"""Service-level objectives: the TTFT and TPOT promised per request, and the step limits that
-SLO-aware speculation keeps to (the planner takes them as constraints).
+"""The step limits that SLO-aware speculation keeps to (the planner takes them as constraints).
 
-- TTFT = first token - arrival and TPOT = (finish - first token) / (output tokens - 1); a request
-  attains its SLO when it meets every target it was given.
 - TPOT averages over the output, so a step need only be short enough for the tokens it commits:
   request i stays on track when the step's time tau <= D_i (1 + E_i(k_i)), D_i being what its
   remaining budget allows per token, so its own speculation relaxes its limit and everyone
@@ -12,65 +9,15 @@ SLO-aware speculation keeps to (the planner takes them as constraints).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the request protocol imports SpecState, which holds an Slo
+if TYPE_CHECKING:
     from faser.spec_decode.request import SpecRequest
 
-SLO_FIELDS = ("tpot_ms", "ttft_ms")
 # a request behind its TPOT target catches up within this many tokens (or its remaining ones);
 # one ahead spends its slack over all its remaining tokens, as later load is unknown
 CATCH_UP_TOKENS = 32
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """A request's targets in seconds; None: no promise on that figure."""
-
-    tpot_s: float | None = None
-    ttft_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("tpot_s", "ttft_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"slo.{name} must be a positive number, got {value!r}")
-
-    @classmethod
-    def parse(cls, value: Mapping[str, object] | None) -> Slo | None:
-        """A request's `slo: {"tpot_ms": ..., "ttft_ms": ...}`, None when it gives neither;
-        ValueError naming the field."""
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise ValueError(f"slo must be an object with {SLO_FIELDS}, got {value!r}")
-        unknown = set(value) - set(SLO_FIELDS)
-        if unknown:
-            raise ValueError(f"slo: unknown fields {sorted(unknown)}; have {list(SLO_FIELDS)}")
-        given = [value.get(name) for name in SLO_FIELDS]
-        for name, ms in zip(SLO_FIELDS, given, strict=True):
-            if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int | float)):
-                raise ValueError(f"slo.{name} must be a number, got {ms!r}")
-            if ms is not None and not (math.isfinite(ms) and ms > 0):
-                raise ValueError(f"slo.{name} must be > 0, got {ms!r}")
-        if given == [None, None]:
-            return None
-        return cls(*(None if ms is None else float(ms) / 1e3 for ms in given))
-
-
-def request_met(
-    slo: Slo | None, arrival_s: float, first_token_s: float | None, finish_s: float | None,
-    num_output_tokens: int,
-) -> bool | None:
-    """Whether a finished request met its SLO; None without one (or before it finished)."""
-    if slo is None or slo == Slo() or first_token_s is None or finish_s is None:
-        return None
-    tpot = (finish_s - first_token_s) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
-    tpot_ok = slo.tpot_s is None or tpot <= slo.tpot_s
-    return tpot_ok and (slo.ttft_s is None or first_token_s - arrival_s <= slo.ttft_s)
 
 
 def tpot_deadline(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from faser.spec_decode.slo import Slo
+from faser.slo import Slo
 
 
 @dataclass(slots=True)

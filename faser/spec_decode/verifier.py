@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from faser.layers.sampler import History, argmax, request_probs, token_logprobs
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.proposer import Proposal
-from faser.spec_decode.request import SpecRequest
-from faser.spec_decode.sampling import History, argmax, history, request_probs, token_logprobs
+from faser.spec_decode.request import SpecRequest, history
 from faser_kernels import rejection_sample
 from faser_kernels.rejection import greedy_tokens
 

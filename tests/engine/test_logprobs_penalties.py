@@ -9,8 +9,14 @@ import pytest
 import torch
 
 from faser import LLM, SamplingParams, SpecConfig
-from faser.layers.sampler import apply_penalties, logits_to_probs
-from faser.spec_decode.sampling import History, request_probs, token_counts, token_logprobs
+from faser.layers.sampler import (
+    History,
+    apply_penalties,
+    logits_to_probs,
+    request_probs,
+    token_counts,
+    token_logprobs,
+)
 from tests.engine.test_exactness import _skip_without_kernels
 from tests.engine.test_greedy_equality import ALL_POLICIES
 

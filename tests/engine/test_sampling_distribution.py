@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from faser import LLM, SamplingParams, SpecConfig
-from faser.spec_decode.sampling import History, request_probs
+from faser.layers.sampler import History, request_probs
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
 from tests.spec_decode.spec_profiles import roofline
 

@@ -11,18 +11,12 @@ from hypothesis import strategies as st
 from faser.config import SpecConfig
 from faser.engine.sequence import Sequence
 from faser.sampling_params import SamplingParams
+from faser.slo import Slo, request_met
 from faser.spec_decode.cost_model import CostModel
 from faser.spec_decode.estimator import AcceptanceEstimator
 from faser.spec_decode.planner import Limits, choose_k, survival
 from faser.spec_decode.policy import LoadView, make_policy
-from faser.spec_decode.slo import (
-    CATCH_UP_TOKENS,
-    Slo,
-    request_met,
-    tpot_deadline,
-    tpot_deadlines,
-    ttft_step_limit,
-)
+from faser.spec_decode.slo import CATCH_UP_TOKENS, tpot_deadline, tpot_deadlines, ttft_step_limit
 from faser.spec_decode.state import SpecState
 from tests.spec_decode.spec_profiles import linear, roofline
 from tests.spec_decode.test_planner import brute_force
