@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from faser.spec_decode.cost_model import PROFILE_CACHE_ENV
+from faser.runner.profiler import PROFILE_CACHE_ENV
 
 torch.set_num_threads(1)
 

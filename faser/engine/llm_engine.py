@@ -20,17 +20,18 @@ from faser.runner.kv_cache import kv_bytes_per_slot
 from faser.runner.lanes import make_lanes
 from faser.runner.model_runner import ModelRunner
 from faser.runner.precision import resolve_dtype
-from faser.runner.profiler import PROFILE_CONTEXT, decode_timer
-from faser.sampling_params import SamplingParams
-from faser.slo import Slo, request_met
-from faser.spec_decode.cost_model import (
+from faser.runner.profiler import (
     DRAFT_POINTS,
+    PROFILE_CONTEXT,
     TARGET_POINTS,
     CostProfile,
     checkpoint_fingerprint,
+    decode_timer,
     load_or_profile,
     profile_key,
 )
+from faser.sampling_params import SamplingParams
+from faser.slo import Slo, request_met
 from faser.spec_decode.policy import LoadView, prices_steps
 from faser.spec_decode.speculator import Speculator
 from faser.spec_decode.state import SpecState

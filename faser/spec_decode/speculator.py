@@ -21,7 +21,8 @@ from faser.outputs import SpecStats
 from faser.runner.block_manager import BlockManager
 from faser.runner.lanes import Lanes
 from faser.runner.model_runner import ModelRunner
-from faser.spec_decode.cost_model import CostModel, CostProfile
+from faser.runner.profiler import CostProfile
+from faser.spec_decode.cost_model import CostModel
 from faser.spec_decode.estimator import AcceptanceEstimator
 from faser.spec_decode.overlap import OverlapStep
 from faser.spec_decode.planner import NO_LIMITS, Limits

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from faser.spec_decode.cost_model import DRAFT_POINTS, TARGET_POINTS, CostProfile
+from faser.runner.profiler import DRAFT_POINTS, TARGET_POINTS, CostProfile
 
 
 def roofline(
