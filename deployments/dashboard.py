@@ -33,6 +33,7 @@ from deployments.metrics import (
     NUM_SLO_MET,
     NUM_SLO_REQUESTS,
     NUM_WAITING,
+    PREFIX_CACHE_HITS,
     PROMPT_TOKENS,
     TPOT,
     TTFT,
@@ -149,6 +150,12 @@ def panels() -> tuple[Panel, ...]:
             Query(f"sum({_sel(SERVE_QUEUED, extra=replicas)})", "queued at the router"),
         )),
         Panel("KV cache use", (_per_replica(KV_USAGE),), "percentunit"),
+        Panel("Prefix cache hit rate", (
+            Query(f"{_rate(PREFIX_CACHE_HITS)} / {_rate(PROMPT_TOKENS)}", "all"),
+            Query(f"{_rate(PREFIX_CACHE_HITS, 'replica')} / {_rate(PROMPT_TOKENS, 'replica')}",
+                  "{{replica}}"),
+        ), "percentunit", description="Prompt tokens read from the prefix cache, of all prompt "
+           "tokens (a request's hits count when it finishes)."),
         Panel("Alpha (estimated acceptance)", (_per_replica(ALPHA),), "percentunit"),
     )
 

@@ -93,6 +93,8 @@ NUM_SLO_REQUESTS = _counter("faser_slo_requests", "Finished requests that carrie
 NUM_SLO_MET = _counter("faser_slo_met", "Finished requests that met their TTFT and TPOT targets.")
 GENERATION_TOKENS = _counter("faser_generation_tokens", "Output tokens streamed.")
 PROMPT_TOKENS = _counter("faser_prompt_tokens", "Prompt tokens of requests started.")
+PREFIX_CACHE_HITS = _counter(
+    "faser_prefix_cache_hits", "Prompt tokens of finished requests read from the prefix cache.")
 MODE = _gauge("faser_spec_mode", "Controller mode: 0 overlap, 1 prune, 2 off.")
 NUM_RUNNING = _gauge("faser_num_requests_running", "Requests in the engine's running batch.")
 NUM_WAITING = _gauge("faser_num_requests_waiting", "Requests waiting for the engine.")
@@ -120,7 +122,8 @@ E2E = _histogram(
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     NUM_DRAFTS, NUM_DRAFT_TOKENS, NUM_ACCEPTED_TOKENS, NUM_ACCEPTED_PER_POS, NUM_PRUNED,
-    NUM_REQUEST_STEPS, NUM_SLO_REQUESTS, NUM_SLO_MET, GENERATION_TOKENS, PROMPT_TOKENS, MODE,
+    NUM_REQUEST_STEPS, NUM_SLO_REQUESTS, NUM_SLO_MET, GENERATION_TOKENS, PROMPT_TOKENS,
+    PREFIX_CACHE_HITS, MODE,
     NUM_RUNNING, NUM_WAITING, KV_USAGE, ALPHA,
     K, TTFT, TPOT, E2E,
 )
@@ -245,6 +248,8 @@ class RequestClock:
             if self.first_token is None:
                 self.first_token = now
                 self.metrics.observe(TTFT, now - self.arrival)
+        if event.finished:
+            self.metrics.inc(PREFIX_CACHE_HITS, event.num_cached_tokens)
         if event.finished and self.first_token is not None:
             self.metrics.observe(E2E, now - self.arrival)
             if event.num_output_tokens > 1:
