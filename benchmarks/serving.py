@@ -23,12 +23,15 @@ engine replica, the ingress, Serve's proxy and controller, Ray's daemons) and th
 where a served figure below the offline one went (benchmarks/cpu.py).
 
 Prompts: Spec-Bench first turns spread over the categories, or random text of a fixed token count
-(`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). Each round's
+(`--prompts random --input-len 128`, as `vllm bench serve --dataset-name random`). `--turns N`
+makes each request a conversation of N: each later turn carries the earlier turns and their
+answers, as a chat client sends them (Spec-Bench's questions with N turns), and TTFT is also
+printed per turn: what a prefix cache saves a conversation's next turn. Each round's
 prompts open with the run's random tag and the round's number, so that a server that caches
 prefixes (vLLM does by default) serves no round's prefills from an earlier round's or run's
 (`--repeat-prompts` sends the same prompts every round). Usage:
   python -m benchmarks.serving [--concurrency 1,4,16] [--num-requests 48] [--max-tokens 128]
-      [--prompts spec-bench|random] [--rate R] [--rounds 1] [--repeat-prompts]
+      [--prompts spec-bench|random] [--turns 1] [--rate R] [--rounds 1] [--repeat-prompts]
       [--app-arg policy=off ...]
       [--url http://host:8000] [--peer-url http://host:8001 --peer-model DIR] [--offline]
       [--peer-app-arg KEY=VALUE ...] [--peer-env NAME=VALUE ...] [--cpu] [--json OUT]
@@ -85,6 +88,8 @@ class RequestRecord:
     latency_s: float  # end of stream - send
     num_chunks: int  # content chunks: a server may send several tokens in one
     error: str | None = None
+    turn: int = 0  # the conversation's turn (0: its first request)
+    cached_tokens: int = 0  # prompt tokens the server read from its prefix cache (its usage's)
 
     @property
     def ok(self) -> bool:
@@ -115,6 +120,7 @@ class Summary:
     tpot_p99_s: float
     mean_ttft_s: float
     mean_tpot_s: float
+    ttft_p50_by_turn_s: tuple[float, ...] = ()  # conversations of several turns: per turn
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,107 +137,142 @@ class Target:
 # ---------------------------------------------------------------- one request over HTTP
 
 
-def chat_body(model: str, text: str, max_tokens: int) -> dict:
+Conversation = tuple[str, ...]  # a user's turns, each sent with the answers to those before it
+
+
+def chat_body(model: str, messages: list[dict], max_tokens: int) -> dict:
     return {
-        "model": model, "messages": [{"role": "user", "content": text}],
+        "model": model, "messages": messages,
         "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True},
     }
 
 
-async def send_chat(client: httpx.AsyncClient, target: Target, text: str, max_tokens: int,
-                    where: tuple[int, int, int]) -> RequestRecord:
-    """One streamed chat request; `where` = (concurrency, round, index). Never raises."""
+async def send_conversation(client: httpx.AsyncClient, target: Target,
+                            conversation: Conversation, max_tokens: int,
+                            where: tuple[int, int, int]) -> list[RequestRecord]:
+    """A conversation's turns in order, each a streamed chat request that carries the earlier
+    turns and their answers (as a chat client sends them); `where` = (concurrency, round,
+    index). A failed turn ends the conversation. Never raises."""
+    messages: list[dict] = []
+    records = []
+    for turn, text in enumerate(conversation):
+        messages.append({"role": "user", "content": text})
+        record, answer = await send_chat(client, target, messages, max_tokens, (*where, turn))
+        records.append(record)
+        if not record.ok:
+            break
+        messages.append({"role": "assistant", "content": answer})
+    return records
+
+
+async def send_chat(client: httpx.AsyncClient, target: Target, messages: list[dict],
+                    max_tokens: int, where: tuple[int, int, int, int]) -> tuple[RequestRecord, str]:
+    """One streamed chat request and its answer's text; `where` = (concurrency, round, index,
+    turn). Never raises."""
     start = time.perf_counter()
     stamps: list[float] = []
+    parts: list[str] = []
     usage: dict = {}
     error = None
     try:
         async with client.stream("POST", f"{target.base_url}/chat/completions",
-                                 json=chat_body(target.model, text, max_tokens)) as response:
+                                 json=chat_body(target.model, messages, max_tokens)) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:200]
                 raise RuntimeError(f"HTTP {response.status_code}: {body!r}")
             async for line in response.aiter_lines():
-                usage = _read_event(line, stamps) or usage
+                usage = _read_event(line, stamps, parts) or usage
     except Exception as exc:  # a failed request is a figure of the run, not its end
         error = f"{type(exc).__name__}: {exc}"[:300]
     end = time.perf_counter()
-    return _record(target.server, where, start, end, stamps, usage, error)
+    return _record(target.server, where, start, end, stamps, usage, error), "".join(parts)
 
 
-def _read_event(line: str, stamps: list[float]) -> dict | None:
-    """Appends the arrival time of a content chunk; returns the usage where the event has one."""
+def _read_event(line: str, stamps: list[float], parts: list[str]) -> dict | None:
+    """Appends the arrival time and text of a content chunk; returns the usage where the event
+    has one."""
     if not line.startswith("data:") or line == "data: [DONE]":
         return None
     event = json.loads(line[5:])
     if "error" in event:
         raise RuntimeError(f"error event: {str(event['error'])[:200]}")
-    if any((c.get("delta") or {}).get("content") for c in event.get("choices") or ()):
+    content = "".join((c.get("delta") or {}).get("content") or ""
+                      for c in event.get("choices") or ())
+    if content:
         stamps.append(time.perf_counter())
+        parts.append(content)
     return event.get("usage")
 
 
-def _record(server: str, where: tuple[int, int, int], start: float, end: float,
+def _record(server: str, where: tuple[int, int, int, int], start: float, end: float,
             stamps: list[float], usage: dict, error: str | None) -> RequestRecord:
+    concurrency, round_no, index, turn = where
     tokens = int(usage.get("completion_tokens") or len(stamps))
     if error is None and not stamps:
         error = "no content in the stream"
     first = stamps[0] - start if stamps else 0.0
     tpot = (stamps[-1] - stamps[0]) / (tokens - 1) if stamps and tokens > 1 else 0.0
-    return RequestRecord(server, *where, int(usage.get("prompt_tokens") or 0), tokens, first,
-                         tpot, end - start, len(stamps), error)
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return RequestRecord(server, concurrency, round_no, index,
+                         int(usage.get("prompt_tokens") or 0), tokens, first, tpot, end - start,
+                         len(stamps), error, turn, cached)
 
 
 # ---------------------------------------------------------------- closed and open loops
 
-Send = Callable[[int, str], Awaitable[RequestRecord]]
+Send = Callable[[int, Conversation], Awaitable[list[RequestRecord]]]
 
 
-async def closed_loop(send: Send, texts: Sequence[str], concurrency: int) -> list[RequestRecord]:
-    """C clients share one queue of prompts; each sends its next one when the last finished."""
-    queue = iter(enumerate(texts))
+async def closed_loop(send: Send, conversations: Sequence[Conversation],
+                      concurrency: int) -> list[RequestRecord]:
+    """C clients share one queue of conversations; each starts its next one when the last
+    finished."""
+    queue = iter(enumerate(conversations))
 
     async def client() -> list[RequestRecord]:
-        return [await send(i, text) for i, text in queue]
+        return [r for i, conversation in queue for r in await send(i, conversation)]
 
     done = await asyncio.gather(*(client() for _ in range(concurrency)))
-    return sorted((r for records in done for r in records), key=lambda r: r.index)
+    return sorted((r for records in done for r in records), key=lambda r: (r.index, r.turn))
 
 
-async def open_loop(send: Send, texts: Sequence[str], load: Load) -> list[RequestRecord]:
-    """Poisson arrivals at `load.rate`, at most `load.concurrency` in flight (a request that
-    arrives at the cap waits for a slot; its TTFT counts from when it is sent)."""
+async def open_loop(send: Send, conversations: Sequence[Conversation],
+                    load: Load) -> list[RequestRecord]:
+    """Poisson arrivals of conversations at `load.rate`, at most `load.concurrency` in flight (a
+    conversation that arrives at the cap waits for a slot; its TTFT counts from when it is
+    sent)."""
     rng = random.Random(load.seed)
     offsets, now = [], 0.0
-    for _ in texts:
+    for _ in conversations:
         offsets.append(now)
         now += rng.expovariate(load.rate)
     slots = asyncio.Semaphore(load.concurrency)
 
-    async def arrive(i: int, text: str) -> RequestRecord:
+    async def arrive(i: int, conversation: Conversation) -> list[RequestRecord]:
         await asyncio.sleep(offsets[i])
         async with slots:
-            return await send(i, text)
+            return await send(i, conversation)
 
-    return list(await asyncio.gather(*(arrive(i, t) for i, t in enumerate(texts))))
+    done = await asyncio.gather(*(arrive(i, c) for i, c in enumerate(conversations)))
+    return [r for records in done for r in records]
 
 
-async def drive(target: Target, texts: Sequence[str], load: Load, max_tokens: int,
-                round_no: int = 0) -> Round:
-    """One round: every prompt once, under `load`, against `target`."""
+async def drive(target: Target, conversations: Sequence[Conversation], load: Load,
+                max_tokens: int, round_no: int = 0) -> Round:
+    """One round: every conversation once, under `load`, against `target`."""
     limits = httpx.Limits(max_connections=load.concurrency + 4, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(1800.0), limits=limits) as client:
 
-        def send(i: int, text: str) -> Awaitable[RequestRecord]:
+        def send(i: int, conversation: Conversation) -> Awaitable[list[RequestRecord]]:
             where = (load.concurrency, round_no, i)
-            return send_chat(client, target, text, max_tokens, where)
+            return send_conversation(client, target, conversation, max_tokens, where)
 
         start = time.perf_counter()
         if load.rate is None:
-            records = await closed_loop(send, texts, load.concurrency)
+            records = await closed_loop(send, conversations, load.concurrency)
         else:
-            records = await open_loop(send, texts, load)
+            records = await open_loop(send, conversations, load)
         return Round(records, time.perf_counter() - start)
 
 
@@ -250,8 +291,16 @@ def summarise(server: str, load: Load, rounds: Sequence[Round]) -> Summary:
         server, load.concurrency, load.rate, len(ok), len(records) - len(ok), tokens, wall,
         tokens / wall if wall > 0 else 0.0,
         *(percentile(ttft, q) for q in (50, 90, 99)), *(percentile(tpot, q) for q in (50, 90, 99)),
-        _mean(ttft), _mean(tpot),
+        _mean(ttft), _mean(tpot), _ttft_by_turn(ok),
     )
+
+
+def _ttft_by_turn(records: Sequence[RequestRecord]) -> tuple[float, ...]:
+    """TTFT p50 of each turn, where the requests had several; () where every one was a first."""
+    turns = max((r.turn for r in records), default=0) + 1
+    if turns == 1:
+        return ()
+    return tuple(percentile([r.ttft_s for r in records if r.turn == t], 50) for t in range(turns))
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -271,6 +320,10 @@ def print_level(summaries: Sequence[Summary], load: Load, max_tokens: int) -> No
         title += f"; TTFT p50 {ours.ttft_p50_s / by_server[PEER].ttft_p50_s:.2f}x the peer's"
     print_table(title, ["server", "done", "failed", "tok/s", "x peer", "x offline",
                         "TTFT p50 s", "p90 s", "p99 s", "TPOT p50 ms", "p90 ms", "p99 ms"], rows)
+    for s in summaries:
+        if s.ttft_p50_by_turn_s:
+            turns = ", ".join(f"{t + 1}: {v:.3f}" for t, v in enumerate(s.ttft_p50_by_turn_s))
+            print(f"{s.server}: TTFT p50 s by turn: {turns}")
     sys.stdout.flush()  # each table at once, also into a file
 
 
@@ -287,6 +340,20 @@ def spec_bench_texts(path: Path, num: int) -> list[str]:
     """First turns of Spec-Bench questions spread over the categories, cycled to `num`."""
     texts = [str(row["turns"][0]) for row in spec_bench_prompts(path, num)]
     return [texts[i % len(texts)] for i in range(num)]
+
+
+def spec_bench_conversations(path: Path, num: int, turns: int) -> list[Conversation]:
+    """`num` conversations of `turns` turns: Spec-Bench's first turns, one each, where `turns`
+    is 1; else its questions of that many turns (MT-Bench's follow-ups, as "Rewrite your
+    previous response..."), cycled."""
+    if turns == 1:
+        return [(text,) for text in spec_bench_texts(path, num)]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    found = [tuple(str(t) for t in row["turns"][:turns]) for row in rows
+             if len(row["turns"]) >= turns]
+    if not found:
+        raise SystemExit(f"--turns {turns}: {path} has no question with that many turns")
+    return [found[i % len(found)] for i in range(num)]
 
 
 def random_texts(tokenizer, num: int, input_len: int, seed: int = 0) -> list[str]:
@@ -332,11 +399,19 @@ def round_texts(texts: Sequence[str], tag: str, round_no: int) -> list[str]:
     return [f"({round_no + 1}-{tag}) {text}" for text in texts]
 
 
-def load_texts(args: argparse.Namespace, app_args: dict) -> list[str]:
+def round_conversations(conversations: Sequence[Conversation], tag: str,
+                        round_no: int) -> list[Conversation]:
+    """`round_texts` on each conversation's first turn: its later requests carry it."""
+    firsts = round_texts([c[0] for c in conversations], tag, round_no)
+    return [(first, *c[1:]) for first, c in zip(firsts, conversations, strict=True)]
+
+
+def load_conversations(args: argparse.Namespace, app_args: dict) -> list[Conversation]:
     if args.prompts == "random":
-        return random_texts(load_tokenizer(args, app_args), args.num_requests, args.input_len,
-                            args.seed)
-    return spec_bench_texts(args.prompt_file, args.num_requests)
+        texts = random_texts(load_tokenizer(args, app_args), args.num_requests * args.turns,
+                             args.input_len, args.seed)
+        return [tuple(texts[i : i + args.turns]) for i in range(0, len(texts), args.turns)]
+    return spec_bench_conversations(args.prompt_file, args.num_requests, args.turns)
 
 
 # ---------------------------------------------------------------- the engine offline
@@ -541,6 +616,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                     help="send every round the same prompts (a server's prefix cache then "
                          "serves later rounds' prefills); default: each round's are its own")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--turns", type=int, default=1,
+                    help="turns per conversation: each later request carries the earlier turns "
+                         "and their answers (spec-bench: its questions with that many turns)")
     ap.add_argument("--prompts", choices=("spec-bench", "random"), default="spec-bench")
     ap.add_argument("--prompt-file", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--input-len", type=int, default=128, help="--prompts random: tokens each")
@@ -551,6 +629,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                          "rounds (from /proc; the client's too)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.turns < 1:
+        ap.error(f"--turns must be >= 1, got {args.turns}")
+    if args.turns > 1 and args.offline:
+        ap.error("--offline measures one-turn requests: leave out --turns")
     # this run's own mark on its prompts: a peer that stays up between runs keeps their prefixes
     args.prompt_tag = None if args.repeat_prompts else secrets.token_hex(3)
     return args
@@ -593,7 +675,7 @@ def settings(args: argparse.Namespace, app_args: dict) -> dict:
         "app_args": app_args, "policy": app.policy,
         "dtype": resolve_dtype(app.dtype, app.device), "engine_threads": app.threads_per_replica,
         "prompts": args.prompts if args.prompts == "spec-bench" else f"random {args.input_len}",
-        "num_requests": args.num_requests, "max_tokens": args.max_tokens,
+        "num_requests": args.num_requests, "turns": args.turns, "max_tokens": args.max_tokens,
         "concurrency": args.concurrency, "rate": args.rate, "rounds": args.rounds,
         "peer_url": args.peer_url, "offline": args.offline,
         "prompt_tag": args.prompt_tag,
@@ -608,7 +690,11 @@ def print_header(run: dict) -> None:
     print(f"host: {run['host_cpu']}, {run['num_cpus']} CPUs")
     print(f"server: {run['server']}; app args {run['app_args'] or '(defaults)'}: policy "
           f"{run['policy']}, {run['dtype']}, {run['engine_threads']} engine thread(s)")
-    print(f"load: {run['prompts']} prompts, {run['num_requests']} streamed chat requests per "
+    requests = f"{run['num_requests']} streamed chat requests"
+    if run["turns"] > 1:
+        requests = (f"{run['num_requests']} conversations of {run['turns']} streamed chat "
+                    "requests (each later one carrying the earlier turns and their answers)")
+    print(f"load: {run['prompts']} prompts, {requests} per "
           f"round, {run['max_tokens']} tokens each (temperature 0, ignore_eos), C = "
           f"{run['concurrency']}, {loop}, {run['rounds']} round(s) per server, "
           + ("the same prompts every round" if run["prompt_tag"] is None
@@ -624,8 +710,8 @@ def print_header(run: dict) -> None:
     sys.stdout.flush()
 
 
-def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Load],
-            args: argparse.Namespace) -> tuple[list, list, list]:
+def measure(targets: Sequence[Target], conversations: Sequence[Conversation],
+            loads: Sequence[Load], args: argparse.Namespace) -> tuple[list, list, list]:
     """Every level in turn; within one, the servers take turns round by round. Returns each
     level's summaries, every request's record and, with `--cpu`, the CPU each process of an app
     started here used during its rounds (and this program's own, the client's), level by level."""
@@ -636,8 +722,8 @@ def measure(targets: Sequence[Target], texts: Sequence[str], loads: Sequence[Loa
         rounds: dict[str, list[Round]] = {t.server: [] for t in targets}
         use = {t.server: cpu.CpuUse() for t in targets if args.cpu and t.pid is not None}
         for round_no in range(args.rounds):
-            sent = texts if args.prompt_tag is None else \
-                round_texts(texts, args.prompt_tag, round_no)
+            sent = conversations if args.prompt_tag is None else \
+                round_conversations(conversations, args.prompt_tag, round_no)
             for target in targets:
                 cpu.wait_until_idle()  # the server before this round may still be spinning
                 watch = use.get(target.server)
@@ -685,8 +771,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     loads = [Load(int(c), args.rate, args.seed) for c in args.concurrency.split(",")]
     run = settings(args, app_args)
     print_header(run)
-    texts = load_texts(args, app_args)
-    offline = Offline(app_args, texts, args.max_tokens, args.prompt_tag) if args.offline else None
+    conversations = load_conversations(args, app_args)
+    offline = None
+    if args.offline:
+        offline = Offline(app_args, [c[0] for c in conversations], args.max_tokens,
+                          args.prompt_tag)
     half = max(1, math.ceil(args.rounds / 2))
     if offline is not None:
         offline.run(loads, half)
@@ -703,12 +792,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
             targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid))
         for target in targets:
             warm_up(target)
-        levels, records, cpu_use = measure(targets, texts, loads, args)
+        levels, records, cpu_use = measure(targets, conversations, loads, args)
     if offline is not None:  # the apps started here have stopped
         offline.run(loads, half)
     summaries = report(levels, loads, cpu_use, offline.summaries() if offline else {},
                        args.max_tokens)
-    out = {"settings": run, "summaries": [asdict(s) for s in summaries],
+    out = {"settings": run,
+           "summaries": [{**asdict(s), "ttft_p50_by_turn_s": list(s.ttft_p50_by_turn_s)}
+                         for s in summaries],
            "requests": [asdict(r) for r in records]}
     if args.cpu:
         out["cpu"] = cpu_use

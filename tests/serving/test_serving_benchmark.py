@@ -15,6 +15,7 @@ import pytest
 import uvicorn
 
 from benchmarks import cpu
+from benchmarks.common import DEFAULT_PROMPTS
 from benchmarks.serving import (
     OFFLINE,
     OURS,
@@ -28,8 +29,10 @@ from benchmarks.serving import (
     parse_args,
     random_texts,
     report,
+    round_conversations,
     round_texts,
     settings,
+    spec_bench_conversations,
     summarise,
 )
 
@@ -66,7 +69,7 @@ def check_records(records, num: int, concurrency: int) -> None:
 def test_load_driver_records(server_url, load):
     target = make_target(OURS, server_url, None)
     assert target.model == "tiny" and target.base_url.endswith("/v1")
-    done = asyncio.run(drive(target, TEXTS, load, MAX_TOKENS))
+    done = asyncio.run(drive(target, [(t,) for t in TEXTS], load, MAX_TOKENS))
     check_records(done.records, len(TEXTS), load.concurrency)
     summary = summarise(OURS, load, [done])
     assert summary.num_completed == len(TEXTS) and summary.num_failed == 0
@@ -74,9 +77,41 @@ def test_load_driver_records(server_url, load):
     assert summary.ttft_p50_s <= summary.ttft_p90_s <= summary.ttft_p99_s
 
 
+def test_a_conversations_later_turns_carry_its_earlier_ones(server_url, capsys):
+    """Each later turn sends the earlier turns and the answers the server gave them, so its
+    prompt holds the first request's prompt and answer, and the server's prefix cache reads
+    them (its usage says how many)."""
+    target = make_target(OURS, server_url, None)
+    conversations = [(f"({i}) Tell me about foxes, and then about their dens.",
+                      "Shorter, please.", "Once more.") for i in range(3)]
+    done = asyncio.run(drive(target, conversations, Load(2), MAX_TOKENS))
+    assert [(r.index, r.turn) for r in done.records] == [(i, t) for i in range(3) for t in range(3)]
+    assert all(r.ok and r.output_tokens == MAX_TOKENS for r in done.records)
+    for first, second, third in zip(*[iter(done.records)] * 3, strict=True):
+        assert first.prompt_tokens + MAX_TOKENS < second.prompt_tokens < third.prompt_tokens
+        assert first.cached_tokens == 0 and second.cached_tokens > first.prompt_tokens // 2
+    summary = summarise(OURS, Load(2), [done])
+    assert len(summary.ttft_p50_by_turn_s) == 3 and summary.num_completed == 9
+    report([[summary]], [Load(2)], [], {}, MAX_TOKENS)
+    assert f"{OURS}: TTFT p50 s by turn: 1: " in capsys.readouterr().out
+
+
+def test_turns_are_checked():
+    with pytest.raises(SystemExit):
+        parse_args(["--turns", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--turns", "2", "--offline"])
+    conversations = spec_bench_conversations(DEFAULT_PROMPTS, 5, 2)
+    assert len(conversations) == 5 and all(len(c) == 2 for c in conversations)
+    assert len({c[0] for c in conversations}) == 5
+    marked = round_conversations(conversations, "tag", 1)
+    assert all(m[0].endswith(c[0]) and m[0] != c[0] and m[1] == c[1]
+               for m, c in zip(marked, conversations, strict=True))
+
+
 def test_unreachable_server_counts_failures():
     target = make_target(OURS, "http://127.0.0.1:9", "tiny")  # discard port: nothing listens
-    done = asyncio.run(drive(target, TEXTS[:2], Load(1), MAX_TOKENS))
+    done = asyncio.run(drive(target, [(t,) for t in TEXTS[:2]], Load(1), MAX_TOKENS))
     assert [r.ok for r in done.records] == [False, False]
     summary = summarise(OURS, Load(1), [done])
     assert summary.num_completed == 0 and summary.num_failed == 2
@@ -132,7 +167,7 @@ def test_cpu_of_the_app_during_its_rounds(server_url, capsys):
     target = make_target(OURS, server_url, None, pid=os.getpid())
     args = parse_args(["--cpu", "--num-requests", "3", "--max-tokens", str(MAX_TOKENS),
                        "--rounds", "2"])
-    levels, records, use = measure([target], TEXTS, [Load(2)], args)
+    levels, records, use = measure([target], [(t,) for t in TEXTS], [Load(2)], args)
     assert len(records) == 6 and levels[0][0].num_completed == 6
     assert [(u["server"], u["concurrency"]) for u in use] == [(OURS, 2)]
     cores = use[0]["cores"]
