@@ -36,7 +36,6 @@ KNEE_GROWTH = math.sqrt(2.0)
 PROFILE_CACHE_ENV = "FASER_PROFILE_CACHE"
 
 
-
 @dataclass(frozen=True, slots=True)
 class CostProfile:
     """Step times in seconds: the target at `target_points` tokens, the draft at `draft_points`
