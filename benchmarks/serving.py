@@ -153,15 +153,19 @@ async def send_conversation(client: httpx.AsyncClient, target: Target,
                             where: tuple[int, int, int]) -> list[RequestRecord]:
     """A conversation's turns in order, each a streamed chat request that carries the earlier
     turns and their answers (as a chat client sends them); `where` = (concurrency, round,
-    index). A failed turn ends the conversation. Never raises."""
+    index). A failed turn ends the conversation, and its later turns count as failed too.
+    Never raises."""
     messages: list[dict] = []
-    records = []
+    records: list[RequestRecord] = []
     for turn, text in enumerate(conversation):
+        failed = next((r for r in records if not r.ok), None)
+        if failed is not None:
+            error = f"not sent: turn {failed.turn + 1} failed"
+            records.append(_record(target.server, (*where, turn), 0.0, 0.0, [], {}, error))
+            continue
         messages.append({"role": "user", "content": text})
         record, answer = await send_chat(client, target, messages, max_tokens, (*where, turn))
         records.append(record)
-        if not record.ok:
-            break
         messages.append({"role": "assistant", "content": answer})
     return records
 

@@ -115,6 +115,10 @@ def test_unreachable_server_counts_failures():
     assert [r.ok for r in done.records] == [False, False]
     summary = summarise(OURS, Load(1), [done])
     assert summary.num_completed == 0 and summary.num_failed == 2
+    # a conversation's turns after a failed one are not sent, and count as failed
+    done = asyncio.run(drive(target, [("one", "two", "three")], Load(1), MAX_TOKENS))
+    assert [(r.turn, r.ok) for r in done.records] == [(0, False), (1, False), (2, False)]
+    assert done.records[2].error == "not sent: turn 1 failed"
 
 
 def test_random_prompts_have_their_length(tiny_pair):
