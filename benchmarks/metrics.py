@@ -14,29 +14,7 @@ from dataclasses import dataclass
 
 from benchmarks.driver import RunResult
 from faser.outputs import RequestOutput
-
-
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """Per-request targets; a request attains the SLO when it meets every target given."""
-
-    tpot_ms: float | None = None
-    ttft_ms: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("tpot_ms", "ttft_ms"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"slo_{name} must be > 0, got {value}")
-
-    @property
-    def given(self) -> bool:
-        return self.tpot_ms is not None or self.ttft_ms is not None
-
-    def met(self, ttft_s: float, tpot_s: float) -> bool:
-        tpot_ok = self.tpot_ms is None or tpot_s * 1e3 <= self.tpot_ms
-        ttft_ok = self.ttft_ms is None or ttft_s * 1e3 <= self.ttft_ms
-        return tpot_ok and ttft_ok
+from faser.slo import Slo
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +32,9 @@ def request_times(out: RequestOutput) -> RequestTimes:
     return RequestTimes(finish - arrival, first - arrival, tpot)
 
 
-def summarise(result: RunResult, slo: Slo) -> dict[str, float | int]:
-    """The record's measured fields (the caller adds policy and load)."""
+def summarise(result: RunResult, slo: Slo | None) -> dict[str, float | int]:
+    """The record's measured fields (the caller adds policy and load); with an SLO, the share of
+    requests that met it."""
     outs = result.outputs
     times = [request_times(o) for o in outs]
     latencies = [t.latency_s for t in times]
@@ -83,7 +62,7 @@ def summarise(result: RunResult, slo: Slo) -> dict[str, float | int]:
         "target_positions_computed": result.target_positions_computed,
         "draft_positions_computed": result.draft_positions_computed,
     }
-    if slo.given:
+    if slo is not None:
         record["slo_attainment"] = _mean([float(slo.met(t.ttft_s, t.tpot_s)) for t in times])
     return record
 

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from benchmarks.common import DEFAULT_PROMPTS
 from benchmarks.driver import RunResult, RunSpec, run_closed, run_open
-from benchmarks.metrics import Slo, summarise
+from benchmarks.metrics import summarise
 from benchmarks.table import format_table
 from benchmarks.workload import (
     BenchRequest,
@@ -50,6 +50,7 @@ from benchmarks.workload import (
 )
 from faser.config import POLICIES, EngineConfig, SpecConfig, parse_policy
 from faser.engine.llm_engine import LLMEngine
+from faser.slo import Slo
 
 DEFAULT_POLICIES = ",".join(("off", "fixed:4", *POLICIES[2:]))
 TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -189,13 +190,12 @@ def build_levels(args: argparse.Namespace, prompt_ids: list[list[int]]) -> list[
     return levels
 
 
-def engine_slo_kwargs(engine: LLMEngine, slo: Slo) -> dict:
+def engine_slo_kwargs(engine: LLMEngine, slo: Slo | None) -> dict:
     """The SLO as an add_request argument when the engine takes one; else attainment is only
     measured here."""
-    if not slo.given or "slo" not in inspect.signature(engine.add_request).parameters:
+    if slo is None or "slo" not in inspect.signature(engine.add_request).parameters:
         return {}
-    targets = {"tpot_ms": slo.tpot_ms, "ttft_ms": slo.ttft_ms}
-    return {"slo": {k: v for k, v in targets.items() if v is not None}}
+    return {"slo": slo.as_ms()}
 
 
 def mode_steps(engine: LLMEngine, policy: str) -> dict[str, int]:
@@ -225,13 +225,13 @@ class Bench:
     engine: LLMEngine
     policies: list[PolicyArg]
     levels: list[Level]
-    slo: Slo
+    slo: Slo | None
     slo_kwargs: dict  # passed to add_request (empty when the engine takes no SLO)
 
 
 def prepare(args: argparse.Namespace) -> Bench:
     policies = parse_policies(args.policies)
-    slo = Slo(args.slo_tpot_ms, args.slo_ttft_ms)
+    slo = Slo.parse({"tpot_ms": args.slo_tpot_ms, "ttft_ms": args.slo_ttft_ms})
     if args.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
     if args.repeats < 1:
@@ -352,8 +352,8 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -
             record["outputs_match_first_policy"] = sum(matches) / len(matches)
         if modes:
             record["mode_steps"] = modes
-        if bench.slo.given:
-            record.update(slo_tpot_ms=bench.slo.tpot_ms, slo_ttft_ms=bench.slo.ttft_ms,
+        if bench.slo is not None:
+            record.update(slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms,
                           slo_passed_to_engine=bool(bench.slo_kwargs))
         records[i] = record
     return [records[i] for i in range(len(bench.policies))]

@@ -45,6 +45,16 @@ class Slo:
             return None
         return cls(*(None if ms is None else float(ms) / 1e3 for ms in given))
 
+    def as_ms(self) -> dict[str, float]:
+        """The targets given, as a request's `slo` field writes them."""
+        targets = {"tpot_ms": self.tpot_s, "ttft_ms": self.ttft_s}
+        return {name: s * 1e3 for name, s in targets.items() if s is not None}
+
+    def met(self, ttft_s: float, tpot_s: float) -> bool:
+        """Whether a request with these figures met every target given."""
+        tpot_ok = self.tpot_s is None or tpot_s <= self.tpot_s
+        return tpot_ok and (self.ttft_s is None or ttft_s <= self.ttft_s)
+
 
 def request_met(
     slo: Slo | None, arrival_s: float, first_token_s: float | None, finish_s: float | None,
@@ -54,5 +64,4 @@ def request_met(
     if slo is None or slo == Slo() or first_token_s is None or finish_s is None:
         return None
     tpot = (finish_s - first_token_s) / (num_output_tokens - 1) if num_output_tokens > 1 else 0.0
-    tpot_ok = slo.tpot_s is None or tpot <= slo.tpot_s
-    return tpot_ok and (slo.ttft_s is None or first_token_s - arrival_s <= slo.ttft_s)
+    return slo.met(first_token_s - arrival_s, tpot)

@@ -83,6 +83,14 @@ def test_slo_from_the_api_in_milliseconds():
     assert Slo.parse({"tpot_ms": 50}) == Slo(tpot_s=0.05)
     assert Slo.parse({"tpot_ms": 20.0, "ttft_ms": 500}) == Slo(0.02, 0.5)
     assert Slo.parse({"tpot_ms": None, "ttft_ms": None}) is None
+    assert Slo.parse({"tpot_ms": 20.0, "ttft_ms": None}).as_ms() == {"tpot_ms": 20.0}
+    assert Slo(0.02, 0.5).as_ms() == {"tpot_ms": 20.0, "ttft_ms": 500.0}
+
+
+def test_a_target_is_met_up_to_and_including_it():
+    assert Slo(tpot_s=0.01).met(ttft_s=100.0, tpot_s=0.009)
+    assert Slo(tpot_s=0.01).met(ttft_s=100.0, tpot_s=0.01)
+    assert not Slo(tpot_s=0.01, ttft_s=0.05).met(ttft_s=0.051, tpot_s=0.001)
 
 
 @pytest.mark.parametrize(
