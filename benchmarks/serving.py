@@ -16,8 +16,11 @@ here, with those arguments or environment (Ray's own switches, say), as the peer
 settings in one run. `--offline` adds the engine's own figure on the same prompts, C and settings
 (`faser` in this process, closed loop, no HTTP): ceil(rounds / 2) rounds before the served ones
 and as many after them (an app started here has stopped by then), pooled, so that the host's
-drift during the served rounds reaches the figure they are held against from both sides. Tables
-print once all is measured. `--cpu` prints,
+drift during the served rounds reaches the figure they are held against from both sides; and,
+where the app was started here, a round after each served one while the app is up but sent
+nothing (`faser offline, app up`): what Ray and Serve, merely running, take from the engine on a
+small host, apart from what serving the requests takes. Tables print once all is measured.
+`--cpu` prints,
 under each level, the cores each process of an app started here used during its rounds (the
 engine replica, the ingress, Serve's proxy and controller, Ray's daemons) and the client's own:
 where a served figure below the offline one went (benchmarks/cpu.py).
@@ -64,6 +67,7 @@ from benchmarks.common import DEFAULT_PROMPTS, REPO, print_table, spec_bench_pro
 from benchmarks.metrics import percentile
 
 OURS, PEER, OFFLINE = "faser", "peer", "faser offline"
+OFFLINE_APP_UP = "faser offline, app up"  # the engine here while the app is up but sent nothing
 READY_TIMEOUT_S = 900.0  # the first start converts the embedded model and compiles kernels
 WARMUP_TOKENS = 8
 
@@ -425,8 +429,9 @@ class Offline:
     """The engine with the app's settings (AppArgs.engine_config) in this process, closed loop at
     each C over the same prompts: the figure the served path is held against. Each round's
     prompts open with the run's `tag` and the round's own mark (none when `tag` is None), as the
-    served rounds' do, since the engine caches prefixes too. `run` adds rounds; `summaries`
-    pools every round so far, level by level."""
+    served rounds' do, since the engine caches prefixes too. `run` adds rounds under a label
+    (OFFLINE, or OFFLINE_APP_UP for those run while an app is up); `summaries` pools every round
+    of a label so far, level by level."""
 
     def __init__(self, app_args: dict, texts: Sequence[str], max_tokens: int,
                  tag: str | None) -> None:
@@ -438,7 +443,7 @@ class Offline:
         self.texts, self.max_tokens, self.tag = list(texts), max_tokens, tag
         warmup = self._requests(["Hello!"], WARMUP_TOKENS)
         run_closed(self.engine, warmup, 1, RunSpec("warmup", {}, ignore_eos=True))
-        self.rounds: dict[int, list[Round]] = {}
+        self.rounds: dict[tuple[str, int], list[Round]] = {}
 
     def _requests(self, texts: Sequence[str], max_tokens: int) -> list:
         from benchmarks.workload import BenchRequest
@@ -446,30 +451,33 @@ class Offline:
         return [BenchRequest(tuple(render_chat(self.engine.tokenizer, t)), max_tokens)
                 for t in texts]
 
-    def run(self, loads: Sequence[Load], num_rounds: int) -> None:
+    def run(self, loads: Sequence[Load], num_rounds: int, label: str = OFFLINE) -> None:
         from benchmarks.driver import RunSpec, run_closed
 
+        mark = "offline" if label == OFFLINE else "offline-app-up"
         for _ in range(num_rounds):
             for load in loads:
                 c = load.concurrency
-                round_no = len(self.rounds.get(c, []))
+                done = self.rounds.setdefault((label, c), [])
                 texts = self.texts if self.tag is None else \
-                    round_texts(self.texts, f"{self.tag}-offline", round_no)
+                    round_texts(self.texts, f"{self.tag}-{mark}", len(done))
                 cpu.wait_until_idle()
                 result = run_closed(self.engine, self._requests(texts, self.max_tokens), c,
-                                    RunSpec(f"offline-{c}", {}, ignore_eos=True))
-                records = [_offline_record(out, c, i) for i, out in enumerate(result.outputs)]
-                self.rounds.setdefault(c, []).append(Round(records, result.wall_s))
+                                    RunSpec(f"{mark}-{c}", {}, ignore_eos=True))
+                records = [_offline_record(out, label, c, i)
+                           for i, out in enumerate(result.outputs)]
+                done.append(Round(records, result.wall_s))
 
-    def summaries(self) -> dict[int, Summary]:
-        return {c: summarise(OFFLINE, Load(c), rounds) for c, rounds in self.rounds.items()}
+    def summaries(self, label: str = OFFLINE) -> dict[int, Summary]:
+        return {c: summarise(label, Load(c), rounds)
+                for (name, c), rounds in self.rounds.items() if name == label}
 
 
-def _offline_record(out, concurrency: int, index: int) -> RequestRecord:
+def _offline_record(out, label: str, concurrency: int, index: int) -> RequestRecord:
     from benchmarks.metrics import request_times
 
     times = request_times(out)
-    return RequestRecord(OFFLINE, concurrency, 0, index, len(out.prompt_token_ids),
+    return RequestRecord(label, concurrency, 0, index, len(out.prompt_token_ids),
                          len(out.token_ids), times.ttft_s, times.tpot_s, times.latency_s,
                          len(out.token_ids))
 
@@ -710,15 +718,20 @@ def print_header(run: dict) -> None:
         print(f"peer: the app started here too, app args {run['peer_app_args'] or '(ours)'}, "
               f"environment {run['peer_env'] or '(ours)'}, rounds interleaved with ours")
     if run["offline"]:
-        print("offline: the engine with the app's settings in this process, closed loop")
+        print("offline: the engine with the app's settings in this process, closed loop; "
+              f"'{OFFLINE}' with no app up, '{OFFLINE_APP_UP}' in a round after each served "
+              "one while the apps started here are up and sent nothing")
     sys.stdout.flush()
 
 
 def measure(targets: Sequence[Target], conversations: Sequence[Conversation],
-            loads: Sequence[Load], args: argparse.Namespace) -> tuple[list, list, list]:
-    """Every level in turn; within one, the servers take turns round by round. Returns each
-    level's summaries, every request's record and, with `--cpu`, the CPU each process of an app
-    started here used during its rounds (and this program's own, the client's), level by level."""
+            loads: Sequence[Load], args: argparse.Namespace,
+            offline: Offline | None = None) -> tuple[list, list, list]:
+    """Every level in turn; within one, the servers take turns round by round, and `offline`
+    (the engine here) runs a round after theirs while the apps are up and sent nothing: what the
+    cluster's mere presence costs the engine on a small host. Returns each level's summaries,
+    every request's record and, with `--cpu`, the CPU each process of an app started here used
+    during its rounds (and this program's own, the client's), level by level."""
     levels: list[list[Summary]] = []
     records: list[RequestRecord] = []
     cpu_use: list[dict] = []
@@ -737,6 +750,8 @@ def measure(targets: Sequence[Target], conversations: Sequence[Conversation],
                     watch.stop(target.pid, before)
                 rounds[target.server].append(done)
                 records += done.records
+            if offline is not None:
+                offline.run([load], 1, OFFLINE_APP_UP)
         levels.append([summarise(t.server, load, rounds[t.server]) for t in targets])
         cpu_use += [{"server": server, "concurrency": load.concurrency, "cores": watch.cores()}
                     for server, watch in use.items()]
@@ -744,12 +759,12 @@ def measure(targets: Sequence[Target], conversations: Sequence[Conversation],
 
 
 def report(levels: Sequence[list[Summary]], loads: Sequence[Load], cpu_use: Sequence[dict],
-           offline: dict[int, Summary], max_tokens: int) -> list[Summary]:
+           offline: dict[int, list[Summary]], max_tokens: int) -> list[Summary]:
     """Prints each level's table (with the offline figure when measured) and the CPU lines under
     it; returns every summary, level by level."""
     summaries: list[Summary] = []
     for load, level in zip(loads, levels, strict=True):
-        level = [*level, *([offline[load.concurrency]] if load.concurrency in offline else [])]
+        level = [*level, *offline.get(load.concurrency, [])]
         print_level(level, load, max_tokens)
         for use in cpu_use:
             if use["concurrency"] == load.concurrency:
@@ -796,11 +811,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
             targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid))
         for target in targets:
             warm_up(target)
-        levels, records, cpu_use = measure(targets, conversations, loads, args)
+        beside = offline if args.url is None else None  # a server elsewhere is not "the app"
+        levels, records, cpu_use = measure(targets, conversations, loads, args, beside)
     if offline is not None:  # the apps started here have stopped
         offline.run(loads, half)
-    summaries = report(levels, loads, cpu_use, offline.summaries() if offline else {},
-                       args.max_tokens)
+    offline_rows: dict[int, list[Summary]] = {}
+    for label in (OFFLINE, OFFLINE_APP_UP) if offline is not None else ():
+        for c, summary in offline.summaries(label).items():
+            offline_rows.setdefault(c, []).append(summary)
+    summaries = report(levels, loads, cpu_use, offline_rows, args.max_tokens)
     out = {"settings": run,
            "summaries": [{**asdict(s), "ttft_p50_by_turn_s": list(s.ttft_p50_by_turn_s)}
                          for s in summaries],

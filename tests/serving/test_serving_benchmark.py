@@ -18,6 +18,7 @@ from benchmarks import cpu
 from benchmarks.common import DEFAULT_PROMPTS
 from benchmarks.serving import (
     OFFLINE,
+    OFFLINE_APP_UP,
     OURS,
     Load,
     Offline,
@@ -213,3 +214,25 @@ def test_the_offline_rounds_mark_their_prompts_as_the_served_ones_do(tiny_pair, 
         assert computed[1] < computed[0] - 8
     else:
         assert computed[1] == computed[0]
+
+
+def test_the_offline_engine_runs_a_round_after_each_served_one_while_the_app_is_up(
+        server_url, tiny_pair, capsys):
+    """Its rounds while the app is up are pooled under their own label, apart from the rounds
+    with no app up, and each sends its own marked prompts."""
+    target, draft = tiny_pair
+    app = {"model": str(target), "draft_model": str(draft), "policy": "off",
+           "num_kv_blocks": 64}
+    offline = Offline(app, list(TEXTS), MAX_TOKENS, "t4g")
+    offline.run([Load(2)], 1)
+    args = parse_args(["--num-requests", "3", "--max-tokens", str(MAX_TOKENS), "--rounds", "2"])
+    levels, _, _ = measure([make_target(OURS, server_url, None)], [(t,) for t in TEXTS],
+                           [Load(2)], args, offline)
+    assert [len(offline.rounds[(label, 2)]) for label in (OFFLINE, OFFLINE_APP_UP)] == [1, 2]
+    up = offline.summaries(OFFLINE_APP_UP)[2]
+    assert up.server == OFFLINE_APP_UP and up.num_completed == 2 * len(TEXTS)
+    assert offline.summaries()[2].num_completed == len(TEXTS)
+    rows = {2: [offline.summaries()[2], up]}
+    assert [s.server for s in report(levels, [Load(2)], [], rows, MAX_TOKENS)] == [
+        OURS, OFFLINE, OFFLINE_APP_UP]
+    assert OFFLINE_APP_UP in capsys.readouterr().out
