@@ -720,7 +720,7 @@ def print_header(run: dict) -> None:
     if run["offline"]:
         print("offline: the engine with the app's settings in this process, closed loop; "
               f"'{OFFLINE}' with no app up, '{OFFLINE_APP_UP}' in a round after each served "
-              "one while the apps started here are up and sent nothing")
+              "one while the servers are up and sent nothing (not with --url)")
     sys.stdout.flush()
 
 
@@ -728,7 +728,7 @@ def measure(targets: Sequence[Target], conversations: Sequence[Conversation],
             loads: Sequence[Load], args: argparse.Namespace,
             offline: Offline | None = None) -> tuple[list, list, list]:
     """Every level in turn; within one, the servers take turns round by round, and `offline`
-    (the engine here) runs a round after theirs while the apps are up and sent nothing: what the
+    (the engine here) runs a round after theirs while the servers are up and sent nothing: what the
     cluster's mere presence costs the engine on a small host. Returns each level's summaries,
     every request's record and, with `--cpu`, the CPU each process of an app started here used
     during its rounds (and this program's own, the client's), level by level."""
