@@ -10,6 +10,8 @@
   in it (how often tokens drafted with that confidence were accepted), as a small draft's raw
   probability is no acceptance rate. A sampled request's tokens keep alpha_i: their confidences,
   the chances of tokens drawn at its temperature, are not on the calibration's scale.
+- A prompt-lookup guess (faser.spec_decode.lookup) is rated by how often verified guesses from an
+  n-gram of its length were accepted, from a prior, in place of the draft's calibration.
 - A verification is a run of trials that stops at the first rejection, so it counts the accepted
   positions and the rejected one: accepted / drafted would read 0.59 for a rate of 0.8 at k = 4.
 - Drafts trimmed before verification count as the verification would likely have gone, by their
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from faser.spec_decode.lookup import MAX_N, PRIOR_PRECISION
 from faser.spec_decode.state import SpecState
 
 NUM_BINS = 10  # confidence bins of the calibration
@@ -40,6 +43,8 @@ class AcceptanceEstimator:
         self._population = [0.0, 0.0]  # every request's accepted, trials
         self._bins_accepted = [0.0] * NUM_BINS
         self._bins_trials = [0.0] * NUM_BINS
+        self._lookup_accepted = [0.0] * (MAX_N + 1)  # by n-gram length
+        self._lookup_trials = [0.0] * (MAX_N + 1)
         self.num_steps = 0
 
     def tick(self) -> None:
@@ -76,14 +81,20 @@ class AcceptanceEstimator:
         accepted, trials = self._bins_accepted[b], self._bins_trials[b]
         return (accepted + BIN_PRIOR_TRIALS * q) / (trials + BIN_PRIOR_TRIALS)
 
+    def lookup_precision(self, n: int) -> float:
+        """How often prompt-lookup guesses from an n-gram of n tokens were accepted."""
+        accepted, trials = self._lookup_accepted[n], self._lookup_trials[n]
+        return (accepted + BIN_PRIOR_TRIALS * PRIOR_PRECISION) / (trials + BIN_PRIOR_TRIALS)
+
     def observe(self, state: SpecState, confidences: Sequence[float], num_accepted: int,
-                looked_up: Sequence[bool] = (), trimmed: Sequence[float] = ()) -> None:
+                looked_up: Sequence[int] = (), trimmed: Sequence[float] = ()) -> None:
         """One request's verified draft tokens (their confidences), how many were accepted, and
-        the confidences of the drafts trimmed after them. Looked-up tokens count for the
-        request's rate but not the draft's calibration: their confidence is the lookup's
-        precision, not the draft's. A sampled request's confidences are not on the
-        calibration's scale: they neither calibrate nor stand for its trimmed drafts, which its
-        own rate, not their confidence, trimmed."""
+        the confidences of the drafts trimmed after them. `looked_up[t]`: the n-gram length of
+        a prompt-lookup guess at t, 0 for the draft's own token. Looked-up tokens count for the
+        request's rate and their length's precision, not the draft's calibration: their
+        confidence is the lookup's, not the draft's. A sampled request's confidences are not on
+        the calibration's scale: they neither calibrate nor stand for its trimmed drafts, which
+        its own rate, not their confidence, trimmed."""
         k = len(confidences)
         trimmed = trimmed if state.greedy else ()
         if k == 0 and not trimmed:
@@ -102,11 +113,14 @@ class AcceptanceEstimator:
         if not state.greedy:
             return
         for t, q in enumerate(confidences[:verified]):
-            if t < len(looked_up) and looked_up[t]:
-                continue
-            b = _bin(q)
-            self._bins_trials[b] += 1.0
-            self._bins_accepted[b] += float(t < num_accepted)
+            n = looked_up[t] if t < len(looked_up) else 0
+            hit = float(t < num_accepted)
+            if n:
+                self._lookup_trials[n] += 1.0
+                self._lookup_accepted[n] += hit
+            else:
+                self._bins_trials[_bin(q)] += 1.0
+                self._bins_accepted[_bin(q)] += hit
 
 
 def _expected_run(chances: Sequence[float]) -> tuple[float, float]:

@@ -8,10 +8,10 @@ indexes its committed tokens as they come (every n-gram of MIN_N..MAX_N tokens -
 its latest occurrence); the proposer asks for the longest n-gram that ends the context it drafts
 from and takes the guess over the draft's own when the guess is likelier to be right.
 
-How likely: the share of guesses that were the target's greedy token, by n-gram length, measured
-teacher-forced on the target's answers to the Spec-Bench prompts (about 1,600 answer tokens of 26
-prompts: 0.37 for 2 tokens, 0.64 for 3, 0.77 for 4). The draft's confidence in its own token is
-the other side of the comparison.
+How likely is learned, not assumed: the acceptance estimator counts how often the guesses taken
+over the draft's own were accepted, by n-gram length (faser.spec_decode.estimator), from
+PRIOR_PRECISION, since that depends on the model pair and on what is asked. The draft's calibrated
+confidence in its own token is the other side of the comparison.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 MIN_N, MAX_N = 2, 4
-PRECISION = {2: 0.37, 3: 0.64, 4: 0.77}
+PRIOR_PRECISION = 0.5  # a guess's chance before any of its length is verified
 
 
 class PromptLookup:
@@ -37,12 +37,12 @@ class PromptLookup:
                 self._next[tuple(token_ids[end - n : end])] = token_ids[end]
         self._num_indexed = max(self._num_indexed, len(token_ids))
 
-    def guess(self, tail: Sequence[int]) -> tuple[int, float] | None:
+    def guess(self, tail: Sequence[int]) -> tuple[int, int] | None:
         """The token after the longest indexed n-gram that ends `tail` (the newest tokens of
-        the context, drafted ones included) and how often such a guess is right; None when no
-        n-gram of it occurred before."""
+        the context, drafted ones included) and that n-gram's length; None when no n-gram of it
+        occurred before."""
         for n in range(min(MAX_N, len(tail)), MIN_N - 1, -1):
             token = self._next.get(tuple(tail[len(tail) - n :]))
             if token is not None:
-                return token, PRECISION[n]
+                return token, n
         return None

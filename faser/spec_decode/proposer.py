@@ -28,7 +28,7 @@ import torch
 from faser.layers.sampler import argmax, request_probs
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
-from faser.spec_decode.lookup import MAX_N
+from faser.spec_decode.lookup import MAX_N, PRIOR_PRECISION
 from faser.spec_decode.request import SpecRequest, history
 from faser_kernels.rejection import sample_inverse_cdf
 
@@ -38,8 +38,9 @@ class Proposal:
     draft_token_ids: list[list[int]]  # per request, k_i tokens (target vocabulary)
     draft_probs: list[torch.Tensor | None]  # per request [k_i, target_vocab]; None when greedy
     confidences: list[list[float]]  # the draft's probability of each of its own tokens
-    # per request and token: guessed by prompt lookup, not the draft (empty: none tracked)
-    looked_up: list[list[bool]] = field(default_factory=list)
+    # per request and token: the n-gram length of a prompt-lookup guess, 0 for the draft's own
+    # token (empty: none tracked)
+    looked_up: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, num_requests: int) -> Proposal:
@@ -64,6 +65,7 @@ class Proposer:
         token_map: torch.Tensor | None = None,
         prompt_lookup: bool = False,
         calibration: Callable[[float], float] | None = None,
+        lookup_precision: Callable[[int], float] | None = None,
     ) -> None:
         # token_map: [draft_vocab] target ids, for drafts whose output layer covers only the
         # target's most frequent tokens
@@ -71,8 +73,10 @@ class Proposer:
             token_map = token_map.to(runner.device)
         self.runner, self.target_vocab_size, self.token_map = runner, target_vocab_size, token_map
         self.prompt_lookup = prompt_lookup
-        # the draft's confidence -> how often such tokens are accepted (None: taken at its word)
+        # the draft's confidence -> how often such tokens are accepted (None: taken at its word);
+        # an n-gram length -> how often lookup guesses from such n-grams are (None: the prior)
         self.calibration = calibration
+        self.lookup_precision = lookup_precision
         self._zero_feature = torch.zeros(0)  # a feature draft's input where no feature is held
         if runner.reads_features:
             model = runner.model
@@ -107,11 +111,11 @@ class Proposer:
             histories = [history(seqs[i], proposal.draft_token_ids[i]) for i in active]
             tokens, confidences, rows = self._picks(
                 [seqs[i] for i in active], logits, histories)
-            looked_up = [False] * len(active)
+            looked_up = [0] * len(active)
             if tails is not None:
                 contexts = [tails[i] + proposal.draft_token_ids[i] for i in active]
                 looked_up = prefer_lookup([seqs[i] for i in active], contexts, tokens,
-                                          confidences, self.calibration)
+                                          confidences, self.calibration, self.lookup_precision)
             for row, i in enumerate(active):
                 proposal.looked_up[i].append(looked_up[row])
                 proposal.draft_token_ids[i].append(tokens[row])
@@ -155,7 +159,8 @@ class Proposer:
         if self.prompt_lookup:
             _index_committed(seqs)
             tails = [context[-MAX_N:] for context in contexts]
-            prefer_lookup(seqs, tails, tokens, confidences, self.calibration)
+            prefer_lookup(seqs, tails, tokens, confidences, self.calibration,
+                          self.lookup_precision)
         return [
             (token, None if seq.params.greedy else rows[row].clone(), conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
@@ -274,24 +279,27 @@ def prefer_lookup(
     tokens: list[int],
     confidences: list[float],
     calibration: Callable[[float], float] | None = None,
-) -> list[bool]:
+    lookup_precision: Callable[[int], float] | None = None,
+) -> list[int]:
     """In place: greedy rows take the looked-up token when it is likelier to be right than the
-    draft's, as `calibration` reads the draft's confidence (a draft can be right yet unsure: one
-    identical to the target but with random weights is never sure); returns which rows did.
-    Each request's index must hold its committed tokens (`_index_committed`)."""
-    taken = [False] * len(seqs)
+    draft's, as `lookup_precision` rates the guess and `calibration` the draft's confidence (a
+    draft can be right yet unsure: one identical to the target but with random weights is never
+    sure); returns, per row, the n-gram length of the guess it took (0: none). Each request's
+    index must hold its committed tokens (`_index_committed`)."""
+    taken = [0] * len(seqs)
     for row, (seq, tail) in enumerate(zip(seqs, tails, strict=True)):
         if not seq.params.greedy:
             continue
         found = seq.lookup.guess(tail)
         if found is None:
             continue
-        token, precision = found
+        token, n = found
+        precision = lookup_precision(n) if lookup_precision else PRIOR_PRECISION
         draft = calibration(confidences[row]) if calibration else confidences[row]
         if token == tokens[row]:
             confidences[row] = max(confidences[row], precision)
         elif precision > draft:
-            tokens[row], confidences[row], taken[row] = token, precision, True
+            tokens[row], confidences[row], taken[row] = token, precision, n
     return taken
 
 

@@ -53,7 +53,7 @@ class Speculator:
         self.proposer = None
         if draft is not None:
             self.proposer = Proposer(draft, target.vocab_size, token_map, config.prompt_lookup,
-                                     self.estimator.calibrated)
+                                     self.estimator.calibrated, self.estimator.lookup_precision)
         self.overlap: OverlapStep | None = None  # set by use_lanes
         self.cost: CostModel | None = None  # set by use_cost_profile
         self._policies: dict[str, Policy] = {}

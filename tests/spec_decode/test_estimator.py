@@ -1,5 +1,5 @@
 """The acceptance estimator: per-request rates from verified trials, a population prior, and the
-draft's confidence calibrated per bin."""
+draft's confidence calibrated per bin, prompt lookup's guesses per n-gram length."""
 
 import random
 
@@ -12,6 +12,7 @@ from faser.spec_decode.estimator import (
     PRIOR_TRIALS,
     AcceptanceEstimator,
 )
+from faser.spec_decode.lookup import PRIOR_PRECISION
 from faser.spec_decode.state import SpecState
 
 
@@ -172,16 +173,33 @@ def test_calibration_counts_only_the_judged_positions():
     assert estimator.calibrated(0.15) == pytest.approx(0.15)
 
 
-def test_looked_up_tokens_count_for_the_request_but_not_the_calibration():
+def test_looked_up_tokens_count_for_the_request_and_their_length_not_the_calibration():
     estimator, state = AcceptanceEstimator(0.5), fresh()
-    estimator.observe(state, [0.95, 0.35], 0, looked_up=[True, False])
+    assert estimator.lookup_precision(3) == pytest.approx(PRIOR_PRECISION)
+    estimator.observe(state, [0.95, 0.35], 0, looked_up=[3, 0])
     assert state.trials == 1.0 and state.accepted == 0.0
     assert estimator.calibrated(0.95) == pytest.approx(0.95)
-    estimator.observe(state, [0.95, 0.35], 1, looked_up=[False, True])
+    assert estimator.lookup_precision(3) == pytest.approx(
+        BIN_PRIOR_TRIALS * PRIOR_PRECISION / (1 + BIN_PRIOR_TRIALS)
+    )
+    estimator.observe(state, [0.95, 0.35], 1, looked_up=[0, 4])
     assert estimator.calibrated(0.95) == pytest.approx(
         (1 + BIN_PRIOR_TRIALS * 0.95) / (1 + BIN_PRIOR_TRIALS)
     )
     assert estimator.calibrated(0.35) == pytest.approx(0.35)
+    # the rejected 4-gram guess counts for its length only
+    assert estimator.lookup_precision(4) == pytest.approx(
+        BIN_PRIOR_TRIALS * PRIOR_PRECISION / (1 + BIN_PRIOR_TRIALS)
+    )
+    assert estimator.lookup_precision(2) == pytest.approx(PRIOR_PRECISION)
+
+
+def test_lookup_precision_follows_the_verified_guesses():
+    estimator, state = AcceptanceEstimator(0.5), fresh()
+    for i in range(200):  # 4-grams right 4 times in 5
+        estimator.observe(state, [0.9], int(i % 5 != 0), looked_up=[4])
+    assert estimator.lookup_precision(4) == pytest.approx(0.8, abs=0.01)
+    assert estimator.lookup_precision(2) == pytest.approx(PRIOR_PRECISION)
 
 
 def test_a_sampled_request_leaves_the_bins_alone():

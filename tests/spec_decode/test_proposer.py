@@ -19,7 +19,7 @@ from faser.runner.block_manager import BlockManager
 from faser.runner.model_runner import ModelRunner
 from faser.runner.weights import pack_weights, resolve_weight_format
 from faser.sampling_params import SamplingParams
-from faser.spec_decode.lookup import PRECISION
+from faser.spec_decode.lookup import PRIOR_PRECISION
 from faser.spec_decode.proposer import Proposal, Proposer
 from faser.spec_decode.state import SpecState
 from faser.spec_decode.verifier import Verifier
@@ -104,7 +104,7 @@ def test_ragged_k_gives_the_drafts_own_greedy_continuation(draft, draft_greedy):
         # the whole prompt was fed, then each draft token but the last
         assert seq.num_draft_cached == (seq.num_tokens + k - 1 if k else 0)
     assert proposal.draft_probs == [None, None, None]  # greedy requests carry no distribution
-    assert proposal.looked_up == [[False] * k for k in max_k]
+    assert proposal.looked_up == [[0] * k for k in max_k]
 
 
 def test_after_a_commit_the_draft_cache_rolls_back_and_drafts_from_the_new_context(
@@ -251,6 +251,6 @@ def test_prompt_lookup_replaces_greedy_guesses_only(draft):
     seqs = rig.requests([prompt]) + rig.requests([prompt], SAMPLED, seed=2)
     proposal = rig.propose(seqs, [3, 3])
     assert proposal.draft_token_ids[0] == [8, 5, 6]  # the pattern, continued
-    assert all(c >= PRECISION[4] for c in proposal.confidences[0])
-    assert proposal.looked_up[1] == [False] * 3  # a sampled request keeps the draft's tokens
+    assert all(c >= PRIOR_PRECISION for c in proposal.confidences[0])
+    assert proposal.looked_up[1] == [0] * 3  # a sampled request keeps the draft's tokens
     assert [s.num_draft_cached for s in seqs] == [len(prompt) + 2] * 2
