@@ -7,6 +7,7 @@ import pytest
 
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.weights import packed_reason
+from faser.spec_decode.lookup import MAX_N, MIN_N, PRIOR_PRECISION
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8, 9], list(range(10, 50)), [60] * 17]
 MAX_TOKENS = 24
@@ -68,7 +69,8 @@ def test_the_cost_correction_is_learned_only_once_a_policy_profiled(tiny_models)
 def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greedy):
     """A draft identical to its random-weight target is always right but never sure (its
     confidences sit near 0.1); looked-up guesses would replace its tokens at first, until the
-    calibration of its confidences has seen them accepted."""
+    calibration of its confidences has seen them accepted and the guesses' own precision has
+    seen them rejected."""
     target = str(tiny_models["gqa_tied"])
     llm = LLM(target, draft_model=target, spec=SpecConfig(policy="fixed:4"),
               num_kv_blocks=96, block_size=4, dtype="float32")
@@ -78,6 +80,9 @@ def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greed
         assert out.token_ids == hf_greedy("gqa_tied", prompt, 64)
     stats = llm.engine.stats
     assert stats.num_accepted_tokens >= 0.95 * stats.num_draft_tokens
+    estimator = llm.engine.speculator.estimator
+    precisions = [estimator.lookup_precision(n) for n in range(MIN_N, MAX_N + 1)]
+    assert min(precisions) < PRIOR_PRECISION  # a guess taken over the draft's token was wrong
     assert llm.engine.speculator.estimator.calibrated(0.1) > 0.9
 
 
