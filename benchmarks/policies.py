@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import itertools
 import json
 import statistics
 import sys
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -99,6 +101,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="rounds per load level, the policies' order rotated each round; each "
                         "policy reports its best round (noise only ever slows a run down): "
                         "most tokens/s in closed loop, lowest mean latency on a trace")
+    p.add_argument("--sliced", action="store_true",
+                   help="closed loop: each round runs its own slice of the prompts (round r the "
+                        "r-th of --repeats), every policy the same slice, and each policy's "
+                        "figures pool its rounds: short rounds keep the host's drift between "
+                        "one round's policies small, and every policy runs every prompt once")
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0: greedy, and every policy's output must equal the first's; above 0 "
@@ -253,7 +260,8 @@ def prepare(args: argparse.Namespace) -> Bench:
 
 def benchmark(args: argparse.Namespace) -> list[dict]:
     bench = prepare(args)
-    total = sum(len(level.requests) for level in bench.levels) * len(bench.policies) * args.repeats
+    rounds = 1 if args.sliced else args.repeats  # sliced rounds share out the requests
+    total = sum(len(level.requests) for level in bench.levels) * len(bench.policies) * rounds
     records: list[dict] = []
     with tqdm(total=total, desc="requests", disable=args.no_progress, file=sys.stderr) as bar:
         for n, level in enumerate(bench.levels):
@@ -264,9 +272,52 @@ def benchmark(args: argparse.Namespace) -> list[dict]:
 def run_policies(bench: Bench, args, n: int, level: Level, bar: tqdm) -> list[dict]:
     """Every policy at one load level, `args.repeats` rounds, each starting one policy later (a
     burst of load on the shared machine, or whatever one engine's earlier runs leave behind,
-    then hits no policy in every round); each policy keeps its best round."""
+    then hits no policy in every round); each policy keeps its best round, or with --sliced
+    pools its rounds, each over its own slice of the prompts."""
+    if args.sliced:
+        rounds = [run_round(bench, args, n, part, bar, r)
+                  for r, part in enumerate(slice_level(level, args.repeats))]
+        return [_pooled([r[i] for r in rounds], bench.slo) for i in range(len(bench.policies))]
     rounds = [run_round(bench, args, n, level, bar, r) for r in range(args.repeats)]
-    return [_best_round([r[i] for r in rounds]) for i in range(len(bench.policies))]
+    return [_best_round([r[i][0] for r in rounds]) for i in range(len(bench.policies))]
+
+
+def slice_level(level: Level, num_rounds: int) -> list[Level]:
+    """The level's requests in `num_rounds` contiguous slices of about equal size, each a level
+    of its own; a closed loop's slices must each fill its concurrency."""
+    if level.concurrency is None:
+        raise ValueError("--sliced takes a closed loop (--concurrency), not a trace")
+    size, extra = divmod(len(level.requests), num_rounds)
+    if size < level.concurrency:
+        raise ValueError(
+            f"--sliced: {len(level.requests)} prompts in {num_rounds} rounds leave slices of "
+            f"{size}, fewer than the concurrency {level.concurrency}; raise --num-prompts")
+    bounds = [r * size + min(r, extra) for r in range(num_rounds + 1)]
+    return [replace(level, requests=level.requests[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _pooled(rounds: list[tuple[dict, RunResult]], slo: Slo | None) -> dict:
+    """One policy's rounds over their slices as one run: the figures of all its requests and the
+    time of all its rounds, and each round's own tokens/s and mean latency."""
+    records = [record for record, _ in rounds]
+    results = [result for _, result in rounds]
+    pooled = RunResult(
+        [o for r in results for o in r.outputs], sum(r.wall_s for r in results),
+        sum(r.target_positions_computed for r in results),
+        sum(r.draft_positions_computed for r in results),
+    )
+    record = {**records[0], **summarise(pooled, slo)}
+    if "outputs_match_first_policy" in record:  # greedy: each round held to its first policy
+        record["outputs_match_first_policy"] = sum(
+            r["outputs_match_first_policy"] * r["num_requests"] for r in records
+        ) / len(pooled.outputs)
+    modes = [r.get("mode_steps", {}) for r in records]
+    if any(modes):
+        record["mode_steps"] = dict(sum((Counter(m) for m in modes), Counter()))
+    record["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in records]
+    record["rounds_mean_latency_s"] = [r["mean_latency_s"] for r in records]
+    record["sliced"] = True
+    return record
 
 
 def _best_round(records: list[dict]) -> dict:
@@ -325,12 +376,13 @@ def _level_name(record: dict) -> str:
     return f"{record['trace']} x{record['time_scale']}"
 
 
-def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -> list[dict]:
-    """Every policy once, starting with policy `shift`; records in the policies' own order. The
-    first run's outputs are the reference every other run must match when greedy."""
+def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
+              shift: int) -> list[tuple[dict, RunResult]]:
+    """Every policy once, starting with policy `shift`; (record, run) in the policies' own order.
+    The first run's outputs are the reference every other run must match when greedy."""
     count = len(bench.policies)
     order = [(shift + j) % count for j in range(count)]
-    records: dict[int, dict] = {}
+    records: dict[int, tuple[dict, RunResult]] = {}
     reference: list[list[int]] | None = None
     for i in order:
         p = bench.policies[i]
@@ -355,7 +407,7 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm, shift: int) -
         if bench.slo is not None:
             record.update(slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms,
                           slo_passed_to_engine=bool(bench.slo_kwargs))
-        records[i] = record
+        records[i] = record, result
     return [records[i] for i in range(len(bench.policies))]
 
 
@@ -380,6 +432,9 @@ def describe(args: argparse.Namespace) -> str:
             f"offset = trace offset / scale), first {args.max_requests} rows, GeneratedTokens "
             f"capped at {args.max_tokens}, ignore_eos"
         )
+    if args.sliced:
+        lines.append(f"sliced: {args.repeats} rounds, each over its own slice of the prompts; "
+                     f"each policy's figures pool its rounds")
     if args.slo_tpot_ms is not None or args.slo_ttft_ms is not None:
         lines.append(f"SLO: TPOT <= {args.slo_tpot_ms} ms, TTFT <= {args.slo_ttft_ms} ms")
     return "\n".join(lines)

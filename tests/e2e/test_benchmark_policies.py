@@ -107,6 +107,28 @@ def test_repeats_rotate_the_order_and_keep_each_policys_best_round(bench_files):
     assert all(r["mean_latency_s"] == min(r["rounds_mean_latency_s"]) for r in opened)
 
 
+def test_sliced_rounds_share_out_the_prompts_and_pool_each_policy(bench_files):
+    root = bench_files["root"]
+    args = [
+        "--model", str(bench_files["target"]), "--draft-model", str(bench_files["draft"]),
+        "--prompts", str(bench_files["prompts"]), "--num-prompts", "3", "--max-tokens", "5",
+        "--policies", "off,fixed:2", "--repeats", "2", "--sliced", "--ignore-eos",
+        "--profile-cache", str(root / "profiles"), "--no-progress",
+    ]
+    records = main([*args, "--concurrency", "1"])
+    assert [r["policy"] for r in records] == ["off", "fixed:2"]
+    for r in records:
+        # slices of 2 and 1 prompts: every prompt ran once, and each round has its own figure
+        assert r["num_requests"] == 3 and r["num_output_tokens"] == 15
+        assert len(r["rounds_output_tokens_per_s"]) == 2
+        assert r["outputs_match_first_policy"] == 1.0
+        assert r["output_tokens_per_s"] == pytest.approx(15 / r["wall_s"])
+    off, fixed = records
+    assert off["target_positions_computed"] < fixed["target_positions_computed"]
+    with pytest.raises(ValueError, match="fewer than the concurrency 2"):
+        main([*args, "--concurrency", "2"])
+
+
 def test_sampled_requests_are_seeded_and_not_held_to_greedy_outputs(bench_files, capsys):
     root = bench_files["root"]
     args = [
