@@ -6,8 +6,11 @@ that verifies it most cheaply.
   the one every request commits.
 - Goodput = sum_i (1 + E_i(k_i)) / (T(k) - P), P being what the step's prefill adds at k = 0:
   the prefill runs whatever k is, and beside a 400 ms prefill any drafting would look cheap.
-- One walk adds the candidate tokens in order of survival, pricing the step as it goes, and keeps
-  the best prefix, so that planning stays linear in the tokens.
+- A walk adds the candidate tokens in an order, pricing the step as it goes, and keeps the best
+  prefix, so that planning stays linear in the tokens. Two orders: by survival, and breadth
+  first (every request's first token before anyone's second), since a draft forward costs about
+  the same for one request as for a few, and by survival alone one request's second token can
+  come before the others' first, so that no prefix drafts one token for each.
 - The limits constrain that prefix: a token budget, a step-time cap (the TTFT of the prefills
   ending in the step) and TPOT deadlines T <= D_i (1 + E_i(k_i)) (faser.spec_decode.slo); when
   no prefix keeps them all, the closest wins.
@@ -60,14 +63,15 @@ def choose_k(
     """The k vector with the best goodput, k_i <= len(acceptance[i]). `drafted`: the drafts exist
     (trimming), so only their verification costs. `draft_lags[i]`: the draft rows request i's
     first draft token pays for (more than 1 while its draft catches up). With TPOT deadlines a
-    second walk takes the tightest deadlines' tokens first, as no prefix of the walk by survival
-    alone may keep the deadline of a request that is behind."""
+    third walk takes the tightest deadlines' tokens first, as no prefix of the other walks may
+    keep the deadline of a request that is behind."""
     probs = [survival(a) for a in acceptance]
     n = len(probs)
     if limits.tpot_deadlines_s is not None and len(limits.tpot_deadlines_s) != n:
         raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
     candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
-    orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]
+    orders = [sorted(candidates, key=lambda c: (-c[0], c[1])),  # by survival
+              sorted(candidates, key=lambda c: (c[1], -c[0]))]  # breadth first
     fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, draft_lags)
     base = fresh()
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())

@@ -1,5 +1,5 @@
-"""The planner: one greedy walk over draft tokens by survival chance, checked against an exhaustive
-search over every k vector on small cases."""
+"""The planner: greedy walks over draft tokens (by survival chance, and breadth first), checked
+against an exhaustive search over every k vector on small cases."""
 
 import dataclasses
 import itertools
@@ -158,9 +158,11 @@ def test_drafted_tokens_get_exactly_the_best_ks():
         assert choice.goodput == pytest.approx(best, rel=1e-9)
 
 
-def test_close_to_the_best_ks_when_drafting_costs():
-    """Draft forwards cost per position, not per token, which the order by survival does not see:
-    the walk can miss the optimum by a few percent, never by much."""
+def test_the_best_ks_when_drafting_costs():
+    """Draft forwards cost per position, not per token, which the order by survival does not see
+    (alone it missed the optimum in 8 of these cases, by up to 7 %); the breadth-first walk takes
+    every request's first token at the price of one forward, and the better of the two walks is
+    the optimum in every case here."""
     rng = random.Random(3)
     ratios = []
     for _ in range(300):
@@ -170,9 +172,7 @@ def test_close_to_the_best_ks_when_drafting_costs():
         choice = choose_k(acceptance, cost, prefill, limits)
         assert sum(choice.ks) <= (budget if budget is not None else sum(map(len, acceptance)))
         ratios.append(choice.goodput / best)
-    assert max(ratios) <= 1.0 + 1e-9
-    assert min(ratios) > 0.85
-    assert sum(ratios) / len(ratios) > 0.99
+    assert ratios == pytest.approx([1.0] * len(ratios), rel=1e-9)
 
 
 # -- drafted ------------------------------------------------------------------------------------
@@ -205,9 +205,12 @@ def test_the_token_budget_caps_the_draft_tokens(budget):
     assert sum(choice.ks) == max(0, budget)
 
 
-def test_the_budget_goes_to_the_likeliest_tokens():
-    choice = choose_k([[0.5] * 4, [0.95] * 4], CostModel(roofline()), limits=Limits(3))
-    assert choice.ks == (0, 3)
+def test_the_budget_goes_where_it_earns_most():
+    # three tokens: (0, 3) expects 2.71 of them for three draft forwards, (1, 2) 2.35 for two,
+    # and at a draft forward's 1 ms against verification's 10 ms the two forwards earn more
+    acceptance, cost = [[0.5] * 4, [0.95] * 4], CostModel(roofline())
+    choice = choose_k(acceptance, cost, limits=Limits(3))
+    assert choice.ks == (1, 2) == brute_force(acceptance, cost, limits=Limits(3))[1]
 
 
 def test_a_step_time_cap_is_kept():
@@ -233,10 +236,13 @@ def test_tpot_deadlines_are_kept_where_the_walk_meets_them():
     free = choose_k(acceptance, cost)
     deadline = 0.0115  # the plain step takes 10.8 ms; the free plan 12.4 ms per token of the 2nd
     assert free.step_time_s / (1 + free.expected_accepted[1]) > deadline
-    choice = choose_k(acceptance, cost, limits=Limits(tpot_deadlines_s=(deadline, deadline)))
-    assert choice.meets_limits and sum(choice.ks) < sum(free.ks)
+    limits = Limits(tpot_deadlines_s=(deadline, deadline))
+    choice = choose_k(acceptance, cost, limits=limits)
+    assert choice.meets_limits and choice.goodput < free.goodput
     for e in choice.expected_accepted:
         assert choice.step_time_s <= deadline * (1 + e)
+    # the walks are greedy: near the exhaustive optimum under the deadlines, not always on it
+    assert choice.goodput > 0.8 * brute_force(acceptance, cost, limits=limits)[0]
 
 
 # -- frontiers ----------------------------------------------------------------------------------
