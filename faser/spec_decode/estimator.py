@@ -119,8 +119,9 @@ class AcceptanceEstimator:
                 self._lookup_trials[n] += 1.0
                 self._lookup_accepted[n] += hit
             else:
-                self._bins_trials[_bin(q)] += 1.0
-                self._bins_accepted[_bin(q)] += hit
+                b = _bin(q)
+                self._bins_trials[b] += 1.0
+                self._bins_accepted[b] += hit
 
 
 def _expected_run(chances: Sequence[float]) -> tuple[float, float]:

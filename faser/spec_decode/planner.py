@@ -7,10 +7,12 @@ that verifies it most cheaply.
 - Goodput = sum_i (1 + E_i(k_i)) / (T(k) - P), P being what the step's prefill adds at k = 0:
   the prefill runs whatever k is, and beside a 400 ms prefill any drafting would look cheap.
 - A walk adds the candidate tokens in an order, pricing the step as it goes, and keeps the best
-  prefix, so that planning stays linear in the tokens. Two orders: by survival, and breadth
-  first (every request's first token before anyone's second), since a draft forward costs about
-  the same for one request as for a few, and by survival alone one request's second token can
-  come before the others' first, so that no prefix drafts one token for each.
+  prefix, so that planning stays linear in the tokens. Two orders: by survival, and, while the
+  drafts are still to be made, breadth first (every request's first token before anyone's
+  second), since a draft forward costs about the same for one request as for a few, and by
+  survival alone one request's second token can come before the others' first, so that no
+  prefix drafts one token for each. Once drafted, each token costs only its verified row, and
+  the order by survival holds every optimum.
 - The limits constrain that prefix: a token budget, a step-time cap (the TTFT of the prefills
   ending in the step) and TPOT deadlines T <= D_i (1 + E_i(k_i)) (faser.spec_decode.slo); when
   no prefix keeps them all, the closest wins.
@@ -70,8 +72,9 @@ def choose_k(
     if limits.tpot_deadlines_s is not None and len(limits.tpot_deadlines_s) != n:
         raise ValueError(f"tpot_deadlines_s: {len(limits.tpot_deadlines_s)} for {n} requests")
     candidates = [(p, t, i) for i, ps in enumerate(probs) for t, p in enumerate(ps)]
-    orders = [sorted(candidates, key=lambda c: (-c[0], c[1])),  # by survival
-              sorted(candidates, key=lambda c: (c[1], -c[0]))]  # breadth first
+    orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]  # by survival
+    if n > 1 and not drafted:  # drafts to make: their forwards cost per depth, not per token
+        orders.append(sorted(candidates, key=lambda c: (c[1], -c[0])))  # breadth first
     fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, draft_lags)
     base = fresh()
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
