@@ -68,11 +68,14 @@ class CostModel:
         draft = sum(self.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
         return draft + self.verify_time(num_requests, sum(ks), num_prefill_tokens)
 
-    def observe(self, num_requests: int, ks: Sequence[int], draft_s: float,
-                verify_s: float) -> None:
-        """A decode-only sequential step that drafted `ks`: `draft_s` up to its verification
-        (planning, drafting, trimming), `verify_s` from there to its end; a shape's first step and
-        a stalled one are left out (the module docstring)."""
+    def observe(self, num_requests: int, ks: Sequence[int], forward_rows: Sequence[int],
+                draft_s: float, verify_s: float) -> None:
+        """A decode-only sequential step that verified `ks`, its draft forwards having fed
+        `forward_rows` tokens: `draft_s` up to its verification (planning, drafting, trimming),
+        `verify_s` from there to its end. Drafting is priced by the rows it fed, not by `ks`: a
+        catch-up's missed tokens and the trimmed drafts cost too, and a scale that charged them
+        to the kept tokens priced every later draft dear enough to stop speculation for good. A
+        shape's first step and a stalled one are left out (the module docstring)."""
         rows = num_requests + sum(ks)
         shape = (rows, max(ks, default=0))
         if rows < 1 or shape not in self._warm:
@@ -84,7 +87,7 @@ class CostModel:
                 self.num_decodes += 1
                 self.decode_scale = _follow(self.decode_scale, ratio, self.num_decodes)
             return
-        bare = sum(self.profile.draft_time(sum(k > j for k in ks)) for j in range(shape[1]))
+        bare = sum(self.profile.draft_time(r) for r in forward_rows)
         draft_stalled = bare > 0 and draft_s >= STALL * self.draft_scale * bare
         if draft_stalled or ratio >= STALL * self.target_scale:
             return

@@ -4,8 +4,9 @@ target forward and kept until a feature draft (faser.models.feature_draft) has r
 The draft feeds position p with h_{p-1}, so at a proposal it reads up to h_{n-2} of a request with n
 committed tokens: rows the target computed for committed tokens. Rows computed for rejected draft
 tokens are overwritten when the target next runs from that position, before anyone reads them.
-While a request does not speculate for a while (the faser controller is off), its decode steps keep
-no rows; its prompt's rows stay until its draft reads them."""
+A request keeps its rows through the steps it does not draft (the faser controller is off), so its
+draft resumes over the target's features, not zeros; only policy `off`'s requests, which never
+draft, keep none. Rows cost hidden_size values a token, a small fraction of its KV cache."""
 
 from __future__ import annotations
 

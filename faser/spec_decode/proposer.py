@@ -41,6 +41,8 @@ class Proposal:
     # per request and token: the n-gram length of a prompt-lookup guess, 0 for the draft's own
     # token (empty: none tracked)
     looked_up: list[list[int]] = field(default_factory=list)
+    # tokens fed to each draft forward, a catch-up's included: what the drafting cost
+    forward_rows: list[int] = field(default_factory=list)
 
     @classmethod
     def empty(cls, num_requests: int) -> Proposal:
@@ -104,6 +106,7 @@ class Proposer:
                 for i in active
             ]
             logits, hidden = self.runner.forward_hidden(chunks)  # [num_active, draft_vocab]
+            proposal.forward_rows.append(sum(len(c.token_ids) for c in chunks))
             if self.runner.reads_features:
                 ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
                 guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))

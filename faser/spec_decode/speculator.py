@@ -135,7 +135,8 @@ class Speculator:
         ks = [len(d) for d in proposal.draft_token_ids]
         end = time.perf_counter()
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
-            self.cost.observe(len(decodes), ks, verify_start - start, end - verify_start)
+            self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - start,
+                              end - verify_start)
         self._record(groups, ks, verdicts, frontier, end - start, limits)
         return verdicts, prefill_tokens
 
@@ -155,7 +156,7 @@ class Speculator:
             proposal.truncate(ks)
         verify_start = time.perf_counter()
         verdicts, prefill_tokens = self.verifier.verify(
-            decodes, proposal, prefills, frontier, self._not_drafting(decodes, prefills, groups)
+            decodes, proposal, prefills, frontier, _not_drafting(decodes, prefills)
         )
         return proposal, trimmed, verdicts, prefill_tokens, verify_start
 
@@ -195,15 +196,6 @@ class Speculator:
             budget -= k
             max_k.append(k)
         return max_k
-
-    def _not_drafting(self, decodes, prefills, groups: dict[str, _Group]) -> frozenset[str]:
-        """Requests whose target features are not kept: the decoding ones whose plan is off, so
-        that such a step costs what policy `off`'s does, and the prompts of policy `off` (a plan
-        is off far more often than its requests stop drafting, and a draft that reads a prompt
-        without its features guesses worse for the whole request)."""
-        off = [s for s in decodes if groups[s.spec_state.policy].plan.mode == "off"]
-        off += [s for s, _ in prefills if s.spec_state.policy == "off"]
-        return frozenset(s.request_id for s in off)
 
     def _reserve(self, seq: SpecRequest, num_slots: int) -> bool:
         return self.blocks.allocate(seq.request_id, seq.block_table, num_slots)
@@ -287,3 +279,13 @@ def _priced_lag(seq: SpecRequest) -> float:
     missed = seq.num_tokens - seq.num_draft_cached - 1
     left = max(1, seq.params.max_tokens - len(seq.output_token_ids))
     return 1.0 + max(0, missed) / left
+
+
+def _not_drafting(decodes, prefills) -> frozenset[str]:
+    """Requests whose target features are not kept: those of policy `off`, which never draft.
+    Every other request keeps them through the steps it does not draft (a row a request,
+    copied into a buffer that grows by doubling): a feature draft that resumes over rows it
+    never read guesses worse for the rest of its request, and a faser controller that saw
+    those guesses rejected stayed off for good."""
+    seqs = [*decodes, *(s for s, _ in prefills)]
+    return frozenset(s.request_id for s in seqs if s.spec_state.policy == "off")

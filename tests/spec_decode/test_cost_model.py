@@ -34,7 +34,8 @@ def test_the_corrections_learn_what_served_steps_add_to_the_profile():
     for ks in ([0, 0], [2, 1], [4, 4], [3, 0], [0, 1]):
         rows, scale = 2 + sum(ks), 1.3 if any(ks) else 1.1
         for _ in range(2):
-            cost.observe(2, ks, 1.5 * _drafts(curve, ks), scale * curve.target_time(rows))
+            drafting = 1.5 * _drafts(curve, ks)
+            cost.observe(2, ks, _rows(ks), drafting, scale * curve.target_time(rows))
     assert cost.target_scale == pytest.approx(1.3)
     assert cost.decode_scale == pytest.approx(1.1)
     assert cost.draft_scale == pytest.approx(1.5)
@@ -47,7 +48,7 @@ def test_a_replica_that_has_only_decoded_prices_verification_at_its_decode_scale
     curve = linear(fixed_s=0.010, per_token_s=0.0005, draft_s=0.0004)
     cost = CostModel(curve)
     for _ in range(20):
-        cost.observe(32, [0] * 32, 0.0, 1.8 * curve.target_time(32))
+        cost.observe(32, [0] * 32, [], 0.0, 1.8 * curve.target_time(32))
     assert cost.target_scale == pytest.approx(1.8) and cost.num_observed == 0
     acceptance = [[0.5]] + [[0.0]] * 31
     assert choose_k(acceptance, cost).ks == (0,) * 32
@@ -62,7 +63,8 @@ def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
     curve = linear(fixed_s=0.006, per_token_s=0.0005, draft_s=0.0003)
     cost = CostModel(curve)
     for _ in range(50):
-        cost.observe(4, [1] * 4, _drafts(curve, [1] * 4), 1.6 * curve.target_time(8))
+        drafting = _drafts(curve, [1] * 4)
+        cost.observe(4, [1] * 4, [4], drafting, 1.6 * curve.target_time(8))
     assert cost.target_scale == pytest.approx(1.6)
     assert cost.decode_scale == 1.0
     assert cost.step_time(4, [0] * 4) == pytest.approx(curve.target_time(4))
@@ -78,27 +80,42 @@ def test_the_draft_scale_follows_a_drifting_draft():
     cost = CostModel(curve)
     for scale in (1.5, 3.0):
         for _ in range(300):
-            cost.observe(1, [2], scale * _drafts(curve, [2]), curve.target_time(3))
+            cost.observe(1, [2], _rows([2]), scale * _drafts(curve, [2]), curve.target_time(3))
         assert cost.draft_scale == pytest.approx(scale, rel=0.01)
+
+
+def test_a_catch_up_is_priced_by_the_tokens_its_draft_forward_fed():
+    """Four requests resume drafting after plain steps: the first draft forward feeds each the
+    tokens it missed (12 rows, not 4), and the draft runs at 1.5 times the profile. Priced by the
+    kept tokens' rows, those steps taught a draft scale of over 2 that stopped speculation for
+    good; by the rows fed, the scale is the draft's own."""
+    curve = roofline(draft_knee=4)
+    cost = CostModel(curve)
+    for _ in range(20):
+        fed = [12, 4]  # a catch-up of two tokens per request, then one draft forward over four
+        measured = 1.5 * sum(curve.draft_time(r) for r in fed)
+        cost.observe(4, [2] * 4, fed, measured, curve.target_time(12))
+    assert measured > 2 * _drafts(curve, [2] * 4)  # what pricing the kept tokens would learn
+    assert cost.draft_scale == pytest.approx(1.5)
 
 
 def test_the_first_step_of_each_shape_is_ignored():
     """A kernel's first call at a size plans and allocates: a slow step that teaches nothing."""
     curve = roofline()
     cost = CostModel(curve)
-    cost.observe(2, [1, 1], 1.0, 1.0)
+    cost.observe(2, [1, 1], _rows([1, 1]), 1.0, 1.0)
     assert (cost.target_scale, cost.draft_scale, cost.num_observed) == (1.0, 1.0, 0)
-    cost.observe(2, [1, 1], _drafts(curve, [1, 1]), 1.1 * curve.target_time(4))
+    cost.observe(2, [1, 1], _rows([1, 1]), _drafts(curve, [1, 1]), 1.1 * curve.target_time(4))
     assert cost.target_scale == pytest.approx(1.1) and cost.num_observed == 1
-    cost.observe(2, [2, 0], 5.0, 5.0)  # 4 rows again, but a longest draft of 2: a new shape
-    cost.observe(3, [0, 0, 0], 5.0, 5.0)  # 3 rows: new
+    cost.observe(2, [2, 0], [1, 1], 5.0, 5.0)  # 4 rows again, but a longest draft of 2: new
+    cost.observe(3, [0, 0, 0], [], 5.0, 5.0)  # 3 rows: new
     assert cost.target_scale == pytest.approx(1.1) and cost.num_observed == 1
 
 
 def test_a_step_without_drafts_leaves_the_draft_scale_alone():
     cost = CostModel(roofline())
     for _ in range(3):
-        cost.observe(2, [0, 0], 0.0, cost.profile.target_time(2))
+        cost.observe(2, [0, 0], [], 0.0, cost.profile.target_time(2))
     assert cost.draft_scale == 1.0 and cost.num_decodes == 2 and cost.num_observed == 0
 
 
@@ -109,8 +126,8 @@ def test_the_scales_follow_the_mean_step():
     cost = CostModel(curve)
     noise = [0.9, 1.5, 1.2] * 100  # mean 1.2
     for x in noise:
-        cost.observe(1, [0], 0.0, x * curve.target_time(1))
-        cost.observe(1, [2], x * _drafts(curve, [2]), x * curve.target_time(3))
+        cost.observe(1, [0], [], 0.0, x * curve.target_time(1))
+        cost.observe(1, [2], _rows([2]), x * _drafts(curve, [2]), x * curve.target_time(3))
     for scale in (cost.decode_scale, cost.target_scale, cost.draft_scale):
         assert scale == pytest.approx(1.2, abs=0.05)
 
@@ -121,15 +138,18 @@ def test_a_stalled_step_teaches_the_corrections_nothing():
     curve = roofline()
     cost = CostModel(curve)
     for ks in ([0], [0], [2], [2]):
-        cost.observe(1, ks, 1.6 * _drafts(curve, ks), 1.3 * curve.target_time(1 + sum(ks)))
+        drafting, verifying = 1.6 * _drafts(curve, ks), 1.3 * curve.target_time(1 + sum(ks))
+        cost.observe(1, ks, _rows(ks), drafting, verifying)
     settled = (cost.target_scale, cost.draft_scale, cost.decode_scale)
     assert settled == pytest.approx((1.3, 1.6, 1.3))
-    cost.observe(1, [2], 300 * _drafts(curve, [2]), curve.target_time(3))  # the draft stalled
-    cost.observe(1, [2], _drafts(curve, [2]), 300 * curve.target_time(3))  # the target did
-    cost.observe(1, [0], 0.0, 100 * curve.target_time(1))
+    stalled = 300 * _drafts(curve, [2])
+    cost.observe(1, [2], [1, 1], stalled, curve.target_time(3))  # the draft stalled
+    cost.observe(1, [2], [1, 1], _drafts(curve, [2]), 300 * curve.target_time(3))  # the target did
+    cost.observe(1, [0], [], 0.0, 100 * curve.target_time(1))
     assert (cost.target_scale, cost.draft_scale, cost.decode_scale) == settled
     assert choose_k([[0.8, 0.8]], cost).ks == (2,)
-    cost.observe(1, [2], 3 * _drafts(curve, [2]), 2 * curve.target_time(3))  # slower, not stalled
+    slower = 3 * _drafts(curve, [2])
+    cost.observe(1, [2], [1, 1], slower, 2 * curve.target_time(3))  # slower, not stalled
     assert cost.target_scale > settled[0] and cost.draft_scale > settled[1]
 
 
@@ -146,6 +166,12 @@ def test_verifying_drafts_is_never_priced_below_a_plain_step_of_as_many_rows():
     assert choose_k([[0.2]] + [[0.0]] * 15, cost).ks == (0,) * 16
 
 
+def _rows(ks):
+    """The tokens each draft forward feeds when no draft lags: forward j, one per request with
+    k > j."""
+    return [sum(k > j for k in ks) for j in range(max(ks, default=0))]
+
+
 def _drafts(curve, ks):
-    """The profiled seconds of drafting `ks`: forward j over the requests with k > j."""
-    return sum(curve.draft_time(sum(k > j for k in ks)) for j in range(max(ks, default=0)))
+    """The profiled seconds of drafting `ks`."""
+    return sum(curve.draft_time(r) for r in _rows(ks))

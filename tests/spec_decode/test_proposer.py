@@ -105,6 +105,8 @@ def test_ragged_k_gives_the_drafts_own_greedy_continuation(draft, draft_greedy):
         assert seq.num_draft_cached == (seq.num_tokens + k - 1 if k else 0)
     assert proposal.draft_probs == [None, None, None]  # greedy requests carry no distribution
     assert proposal.looked_up == [[0] * k for k in max_k]
+    # the cost model prices drafting by what each forward fed: both prompts, then one row twice
+    assert proposal.forward_rows == [3 + 7, 1, 1]
 
 
 def test_after_a_commit_the_draft_cache_rolls_back_and_drafts_from_the_new_context(
@@ -124,7 +126,9 @@ def test_after_a_commit_the_draft_cache_rolls_back_and_drafts_from_the_new_conte
     assert [s.num_draft_cached for s in seqs] == [0, seqs[1].num_tokens - 1,
                                                  seqs[2].num_tokens - 2]
     max_k = [2, 3, 1]
+    missed = [s.num_tokens - s.num_draft_cached for s in seqs]
     second = rig.propose(seqs, max_k)
+    assert second.forward_rows == [sum(missed), 2, 1]
     for seq, k, tokens in zip(seqs, max_k, second.draft_token_ids, strict=True):
         assert tokens == draft_greedy(seq.token_ids, k)
         assert seq.num_draft_cached == seq.num_tokens + k - 1
