@@ -47,7 +47,8 @@ class TargetFeatures:
         kept = pos - self.start
         self._reserve(kept + rows.shape[0], min(kept, self._num), rows)
         at = self._first + kept
-        self._buffer[self._first + self._num : at] = 0  # the gap, if any
+        if kept > self._num:  # a gap: positions the target ran while no row was kept
+            self._buffer[self._first + self._num : at] = 0
         self._buffer[at : at + rows.shape[0]] = rows.detach()
         self._num = kept + rows.shape[0]
 
