@@ -122,7 +122,7 @@ class Speculator:
         frontier = self.config.frontier_size or min(
             (g.plan.frontier_size for g in groups.values() if g.plan.frontier_size), default=None)
         overlapped = any(g.plan.overlap for g in groups.values())
-        verify_start, trimmed = None, []
+        draft_start, verify_start, trimmed = time.perf_counter(), None, []
         if self.overlap is not None and any(max_k) and overlapped:
             proposal, verdicts, prefill_tokens = self.overlap.run(
                 decodes, prefills, max_k, frontier, self._stop(groups), self._reserve,
@@ -135,17 +135,19 @@ class Speculator:
         ks = [len(d) for d in proposal.draft_token_ids]
         end = time.perf_counter()
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
-            self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - start,
+            self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - draft_start,
                               end - verify_start)
         self._record(groups, ks, verdicts, frontier, end - start, limits)
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
         """Draft, trim, then verify; returns the trimmed drafts' confidences per request and
-        when verification began. The two phases, split there, cover the whole step (planning
-        and trimming with the draft, the bookkeeping after verification with it): the cost model
-        learns what a step costs, not only its forwards. Only a decode-only step in one frontier
-        teaches it: a prefill's or several frontiers' time is priced apart."""
+        when verification began. The two phases, split there, cover the step from its first
+        draft forward on (trimming with the draft, the bookkeeping after verification with it):
+        the cost model learns what a step costs, not only its forwards. Planning is left out, as
+        every planned step pays it whatever it decides: charged to drafting, it priced each draft
+        token dearer than it is. Only a decode-only step in one frontier teaches the model: a
+        prefill's or several frontiers' time is priced apart."""
         if self.overlap is not None:
             self.overlap.forget()
         proposal, trimmed = Proposal.empty(len(decodes)), []
