@@ -3,7 +3,8 @@
 - Each request follows its own policy (its override, else the engine's); every policy in the batch
   plans its own requests over the shared acceptance estimator and cost model.
 - A step in which nobody drafts runs as policy `off` does: no draft forward and, while the faser
-  controller is off, no planning and no target features kept.
+  controller is off, no planning; only the target's features are still kept for the draft
+  (faser.spec_decode.features).
 - A sequential step teaches the cost model its phases' times; a step whose plan is `overlap`
   runs on the engine's lanes (faser.spec_decode.overlap).
 """
@@ -157,9 +158,7 @@ class Speculator:
             trimmed = [c[k:] for c, k in zip(proposal.confidences, ks, strict=True)]
             proposal.truncate(ks)
         verify_start = time.perf_counter()
-        verdicts, prefill_tokens = self.verifier.verify(
-            decodes, proposal, prefills, frontier, _not_drafting(decodes, prefills)
-        )
+        verdicts, prefill_tokens = self.verifier.verify(decodes, proposal, prefills, frontier)
         return proposal, trimmed, verdicts, prefill_tokens, verify_start
 
     # -- planning ---------------------------------------------------------------------------
@@ -281,13 +280,3 @@ def _priced_lag(seq: SpecRequest) -> float:
     missed = seq.num_tokens - seq.num_draft_cached - 1
     left = max(1, seq.params.max_tokens - len(seq.output_token_ids))
     return 1.0 + max(0, missed) / left
-
-
-def _not_drafting(decodes, prefills) -> frozenset[str]:
-    """Requests whose target features are not kept: those of policy `off`, which never draft.
-    Every other request keeps them through the steps it does not draft (a row a request,
-    copied into a buffer that grows by doubling): a feature draft that resumes over rows it
-    never read guesses worse for the rest of its request, and a faser controller that saw
-    those guesses rejected stayed off for good."""
-    seqs = [*decodes, *(s for s, _ in prefills)]
-    return frozenset(s.request_id for s in seqs if s.spec_state.policy == "off")

@@ -65,12 +65,9 @@ class Verifier:
         proposal: Proposal,
         prefills: list[tuple[SpecRequest, int]],
         frontier_size: int | None = None,
-        skip_features: frozenset[str] = frozenset(),
     ) -> tuple[list[Verdict], list[int | None]]:
         """A verdict per decoding request and, per prefill chunk, the token sampled when the
-        chunk completed its prompt (None otherwise). `skip_features`: ids of requests, decoding or
-        prefilling, whose target features are not kept for the draft (by default every request
-        that may speculate keeps them)."""
+        chunk completed its prompt (None otherwise)."""
         drafts = proposal.draft_token_ids
         num_inputs = max((len(d) + 1 for d in drafts), default=1)
         f = num_inputs if frontier_size is None else max(1, frontier_size)
@@ -87,7 +84,7 @@ class Verifier:
                 _frontier_item(seqs[i], proposal, i, starts[i], j, f, uniforms[i], verdicts[i])
                 for i in alive
             ]
-            self.verify_items(items, riders, prefill_tokens, skip_features)
+            self.verify_items(items, riders, prefill_tokens)
         for i, verdict in enumerate(verdicts):
             verdict.num_pruned = len(drafts[i]) + 1 - (seqs[i].num_cached - starts[i])
         return verdicts, prefill_tokens
@@ -97,7 +94,6 @@ class Verifier:
         items: list[FrontierItem],
         prefills: list[tuple[SpecRequest, int]],
         prefill_tokens: list[int | None],
-        skip_features: frozenset[str] = frozenset(),
     ) -> None:
         """One target forward over frontiers of different requests, each at its own offset (the
         overlapped step verifies a request as soon as its drafts exist), plus prefill riders;
@@ -105,10 +101,10 @@ class Verifier:
         chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
         chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
         fed = [it.seq for it in items] + [seq for seq, _ in prefills]
-        # a feature draft reads what the target computed; a request that does not speculate for
-        # a while would only hoard rows, and a step where nobody keeps any skips computing them
-        keep = [bool(self.runner.feature_layers) and s.spec_state.policy != "off"
-                and s.request_id not in skip_features for s in fed]
+        # a feature draft reads what the target computed, also in the steps its request does not
+        # draft (faser.spec_decode.features); policy `off`'s requests never draft, and a step
+        # where nobody keeps any skips computing them
+        keep = [bool(self.runner.feature_layers) and s.spec_state.policy != "off" for s in fed]
         logits, hidden = self.runner.forward_hidden(chunks, features=any(keep))
         if any(keep):
             _keep_features(fed, chunks, hidden, keep)
