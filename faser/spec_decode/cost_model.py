@@ -71,11 +71,12 @@ class CostModel:
     def observe(self, num_requests: int, ks: Sequence[int], forward_rows: Sequence[int],
                 draft_s: float, verify_s: float) -> None:
         """A decode-only sequential step that verified `ks`, its draft forwards having fed
-        `forward_rows` tokens: `draft_s` up to its verification (planning, drafting, trimming),
-        `verify_s` from there to its end. Drafting is priced by the rows it fed, not by `ks`: a
-        catch-up's missed tokens and the trimmed drafts cost too, and a scale that charged them
-        to the kept tokens priced every later draft dear enough to stop speculation for good. A
-        shape's first step and a stalled one are left out (the module docstring)."""
+        `forward_rows` tokens: `draft_s` from its first draft forward to its verification
+        (drafting, trimming), `verify_s` from there to its end. Drafting is priced by the rows
+        it fed, not by `ks`: a catch-up's missed tokens and the trimmed drafts cost too, and a
+        scale that charged them to the kept tokens priced every later draft dear enough to stop
+        speculation for good. A shape's first step and a stalled one are left out (the module
+        docstring)."""
         rows = num_requests + sum(ks)
         shape = (rows, max(ks, default=0))
         if rows < 1 or shape not in self._warm:
