@@ -106,9 +106,10 @@ class Proposer:
                 for i in active
             ]
             logits, hidden = self.runner.forward_hidden(chunks)  # [num_active, draft_vocab]
-            proposal.forward_rows.append(sum(len(c.token_ids) for c in chunks))
+            fed = [len(c.token_ids) for c in chunks]
+            proposal.forward_rows.append(sum(fed))
             if self.runner.reads_features:
-                ends = torch.tensor([len(c.token_ids) for c in chunks]).cumsum(0) - 1
+                ends = torch.tensor(fed).cumsum(0) - 1
                 guesses = dict(zip(active, hidden[ends.to(hidden.device)], strict=True))
             # the draft's own tokens so far are the output its penalties look at
             histories = [history(seqs[i], proposal.draft_token_ids[i]) for i in active]
