@@ -109,7 +109,7 @@ class LLMEngine:
         if self.target.unfused_reason is None:  # its layers as one call: another cost curve
             layout = f"{layout}+fused"
         if config.device == "cpu":  # the CPU kernels' build prices every step on a CPU
-            layout = f"{layout}@{cpu_build.sources_digest()}"
+            layout = f"{layout}@{cpu_build.sources_digest()}-{cpu_build.isa()}"
             if pair.weight_format == "packed" and huge_pages.available():
                 layout = f"{layout}+huge-pages"
         key = profile_key(models, config.device, config.dtype, config.num_threads, layout)

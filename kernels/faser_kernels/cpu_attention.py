@@ -1,4 +1,5 @@
-"""Row-invariant paged attention on x86 CPUs with AVX-512 (cpu_attention.c). Its PyTorch twin is
+"""Row-invariant paged attention on x86 CPUs with AVX-512 (cpu_attention.c; float32 also with AVX2,
+cpu_attention_avx2.c, for head sizes that are multiples of 8). Its PyTorch twin is
 `paged_attention_torch` (attention.py), with the same signature.
 
 Each query walks its own request's keys in a fixed order, so it gets the same bits as a decode,
@@ -26,6 +27,8 @@ def unavailable_reason(dtype: torch.dtype, head_dim: int, group: int = 1) -> str
         return f"head_dim {head_dim} > {MAX_HEAD_DIM}"
     if group > MAX_GROUP:
         return f"{group} query heads per kv head > {MAX_GROUP}"
+    if cpu_build.isa() == "avx2" and head_dim % 8:
+        return f"head_dim {head_dim} is not a multiple of 8 (the AVX2 build's lanes)"
     return cpu_build.unavailable_reason("cpu_attention.c", dtype)
 
 

@@ -3,8 +3,15 @@ cache and loaded with ctypes.
 
 Each library links libgomp.so.1, the soname of the OpenMP runtime torch itself loads (torch is
 imported first), so a kernel's threads are torch's: `torch.set_num_threads` sets both, and no
-second pool of spinning threads competes for the cores. Where the CPU lacks AVX-512 or no compiler
-is found, `unavailable_reason` says why and callers keep their PyTorch twin.
+second pool of spinning threads competes for the cores.
+
+Two instruction sets: AVX-512 (every kernel, float32 and, with AVX-512 BF16, bf16) and, on CPUs
+without it, AVX2 with FMA, for which the linear and attention kernels have float32 builds of their
+own (`cpu_linear_avx2.c`, `cpu_attention_avx2.c`, the same exported functions and the same
+row-invariance): those two are what make a float32 step row-invariant, the other kernels only
+fuse or speed it. FASER_CPU_ISA=avx2 takes the AVX2 builds on an AVX-512 CPU too (their tests run
+everywhere). Where neither runs or no compiler is found, `unavailable_reason` says why and callers
+keep their PyTorch twin.
 """
 
 from __future__ import annotations
@@ -21,13 +28,24 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).parent
-FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp", "-mavx512f", "-mavx512bw",
-         "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma")
-NEEDED_FLAGS = {
-    torch.float32: {"avx512f", "avx512bw", "avx512vl"},
-    torch.bfloat16: {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
+COMMON_FLAGS = ("-O3", "-std=c11", "-fPIC", "-shared", "-fopenmp")
+FLAGS = {
+    "avx512": (*COMMON_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+               "-mavx512bf16", "-mfma"),
+    # no contraction the source does not write: the plain-C loops keep their rounding
+    "avx2": (*COMMON_FLAGS, "-mavx2", "-mfma", "-ffp-contract=off"),
 }
+NEEDED_FLAGS = {  # per instruction set, per dtype
+    "avx512": {
+        torch.float32: {"avx512f", "avx512bw", "avx512vl"},
+        torch.bfloat16: {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"},
+    },
+    "avx2": {torch.float32: {"avx2", "fma"}},
+}
+AVX2_SOURCES = {"cpu_linear.c": "cpu_linear_avx2.c", "cpu_attention.c": "cpu_attention_avx2.c"}
+DTYPES = (torch.float32, torch.bfloat16)
 CACHE_ENV = "FASER_CACHE"
+ISA_ENV = "FASER_CPU_ISA"
 
 
 def cpu_flags() -> frozenset[str]:
@@ -39,11 +57,28 @@ def cpu_flags() -> frozenset[str]:
     return frozenset(line.partition(":")[2].split())
 
 
+@functools.cache
+def isa() -> str:
+    """The instruction set the kernels are built for: FASER_CPU_ISA's, else "avx512" where the
+    CPU has AVX-512's base, else "avx2". Read once: a process runs one set of builds."""
+    forced = os.environ.get(ISA_ENV)
+    if forced is not None:
+        if forced not in FLAGS:
+            raise ValueError(f"{ISA_ENV} must be one of {sorted(FLAGS)}, got {forced!r}")
+        return forced
+    return "avx512" if NEEDED_FLAGS["avx512"][torch.float32] <= cpu_flags() else "avx2"
+
+
 def unavailable_reason(source: str, dtype: torch.dtype) -> str | None:
     """None where the kernel of `source` runs for `dtype` on this CPU; else why it cannot."""
-    if dtype not in NEEDED_FLAGS:
+    if dtype not in DTYPES:
         return f"no CPU kernel for {dtype}"
-    missing = NEEDED_FLAGS[dtype] - cpu_flags()
+    target = isa()
+    if target == "avx2" and source not in AVX2_SOURCES:
+        return f"{source} has no build for CPUs without AVX-512"
+    if dtype not in NEEDED_FLAGS[target]:
+        return f"no {target} build of {source} for {dtype}"
+    missing = NEEDED_FLAGS[target][dtype] - cpu_flags()
     if missing:
         return f"the CPU lacks {', '.join(sorted(missing))}"
     try:
@@ -53,10 +88,17 @@ def unavailable_reason(source: str, dtype: torch.dtype) -> str | None:
     return None
 
 
-@functools.cache
 def library(source: str) -> ctypes.CDLL:
-    """`source` (a C file beside this module) compiled and loaded."""
-    return ctypes.CDLL(str(_build(HERE / source)))
+    """`source` (a C file beside this module) compiled for this CPU's instruction set (`isa`)
+    and loaded."""
+    target = isa()
+    built = AVX2_SOURCES.get(source, source) if target == "avx2" else source
+    return _load(built, target)
+
+
+@functools.cache
+def _load(source: str, target: str) -> ctypes.CDLL:
+    return ctypes.CDLL(str(_build(HERE / source, FLAGS[target])))
 
 
 @functools.cache
@@ -65,10 +107,11 @@ def sources_digest() -> str:
     cpu_decoder.c includes the other kernels) and the flags. Step costs measured with one build
     are not another's."""
     texts = [f.read_bytes() for f in sorted([*HERE.glob("*.h"), *HERE.glob("*.c")])]
-    return hashlib.sha256(b"".join(texts) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = " ".join(f for target in sorted(FLAGS) for f in FLAGS[target])
+    return hashlib.sha256(b"".join(texts) + flags.encode()).hexdigest()[:16]
 
 
-def _build(source: Path) -> Path:
+def _build(source: Path, flags: tuple[str, ...]) -> Path:
     """Built once per source text (its siblings included) and flags; concurrent builders each
     leave a whole file."""
     digest = sources_digest()
@@ -82,7 +125,7 @@ def _build(source: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / path.name
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", str(built)],
+        done = subprocess.run([compiler, *flags, str(source), "-o", str(built)],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip()[-2000:])

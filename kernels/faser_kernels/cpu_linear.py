@@ -1,4 +1,5 @@
-"""Row-invariant linear layers on x86 CPUs with AVX-512 (cpu_linear.c), and their PyTorch twin.
+"""Row-invariant linear layers on x86 CPUs with AVX-512 (cpu_linear.c; float32 also with AVX2,
+cpu_linear_avx2.c), and their PyTorch twin.
 
 Row m of an M-row call has the bits of a one-row call, for any M: each output is one fp32
 accumulator over k in a fixed order. The weight is packed once into the kernel's panels, which
@@ -53,7 +54,7 @@ def uses_amx() -> bool:
 
 def pack_weight(weight: torch.Tensor, int8: bool = False) -> PackedWeight:  # [n, k] -> panels
     n, k = weight.shape
-    if weight.dtype not in cpu_build.NEEDED_FLAGS:
+    if weight.dtype not in cpu_build.DTYPES:
         raise ValueError(f"cpu_linear packs float32 or bfloat16 weights, got {weight.dtype}")
     if int8 and weight.dtype != torch.bfloat16:
         raise ValueError(f"int8 weights take bf16 inputs: pack a bf16 weight, got {weight.dtype}")
@@ -122,11 +123,14 @@ def linear_torch(
 @functools.cache
 def _library() -> ctypes.CDLL:
     lib = cpu_build.library("cpu_linear.c")
+    # an AVX2 build has the float32 kernel only (cpu_build)
     for name in ("faser_linear_bf16", "faser_linear_f32"):
-        getattr(lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
-        getattr(lib, name).restype = None
-    lib.faser_linear_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3
-    lib.faser_linear_i8.restype = None
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+            getattr(lib, name).restype = None
+    if hasattr(lib, "faser_linear_i8"):
+        lib.faser_linear_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3
+        lib.faser_linear_i8.restype = None
     lib.faser_linear_uses_amx.argtypes = []
     lib.faser_linear_uses_amx.restype = ctypes.c_int
     return lib

@@ -1,0 +1,234 @@
+/* Row-invariant float32 paged attention for x86 CPUs with AVX2 and FMA but no AVX-512, exported
+ * as cpu_attention.c's faser_paged_attention (bf16 = 0 only).
+ *
+ * The same contract as cpu_attention.c: each (query token, head) walks its own request's keys
+ * 0..pos in order, and every reduction runs in an order that depends only on pos and head_dim,
+ * so a query gets the same bits whether it is a decode, one of k + 1 verified positions or a row
+ * of a prefill chunk, and whatever else shares the batch. Keys go in blocks of 8: each key's dot
+ * product is eight lane-wise FMA chains over the head (head_dim a multiple of 8), and the block's
+ * eight keys are summed in one transposing tree that adds every key's lanes alike
+ * (((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), leaving the block's scores in one vector; the
+ * weights exp(score - max) come from a fixed polynomial (no library call), their sum in eight
+ * lanes by key mod 8, and the values are weighted key by key. As in cpu_attention.c, the work
+ * goes in tiles of up to TILE queries of one request with the query heads of one kv head, which
+ * share each block of keys (and of values) while it is in the cache; each query head still takes
+ * its keys in order, so the tiling changes no bit.
+ *   q, out: [num_tokens, num_heads, head_dim]
+ *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_HEAD_DIM 128
+#define LANES 8
+#define MAX_CHUNKS (MAX_HEAD_DIM / LANES)
+
+typedef struct {
+    const float *q, *k_cache, *v_cache;
+    const int32_t *block_tables;
+    float *out;
+    long max_blocks, block_size, num_heads, num_kv_heads, head_dim;
+    float scale;
+} Attention;
+
+/* The row of position j of a request (block table `table`) for kv head h in a cache. */
+static inline const float *cached(const Attention *a, const float *cache, const int32_t *table,
+                                  long j, long h) {
+    long slot = (long)table[j / a->block_size] * a->block_size + j % a->block_size;
+    return cache + (slot * a->num_kv_heads + h) * a->head_dim;
+}
+
+/* Lane j of the result: the sum of v[j]'s eight lanes, in the same tree for every j. */
+static inline __m256 sum8(const __m256 v[8]) {
+    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
+    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* exp(x) = 2^n * p(r), r = x - n ln2, p of degree 6, as cpu_vec.h's exp512; x in [-87, 88]. */
+static inline __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+                                  23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Lanes [0, n) set. */
+static inline __m256 first(long n) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane));
+}
+
+#define TILE 8      /* queries of one request per tile */
+#define MAX_GROUP 8 /* query heads per kv head */
+#define MAX_HEADS (TILE * MAX_GROUP)
+
+/* Queries [t0, t1) of a request (query t at position first + t) with the heads of kv_head; its
+ * query heads are numbered h = (t - t0) * group + g. */
+typedef struct {
+    long t0, t1, first, kv_head, group, width;
+    const int32_t *table;
+    float *scores; /* [query heads, width] */
+    float *acc;    /* [query heads, head_dim] */
+} Tile;
+
+/* Keys of positions at most pos that the block from j0 holds: 0 when none. */
+static inline long keys_seen(long pos, long j0) {
+    long n = pos + 1 - j0;
+    return n <= 0 ? 0 : n < LANES ? n : LANES;
+}
+
+static inline long position(const Tile *tile, long h) {
+    return tile->first + tile->t0 + h / tile->group;
+}
+
+static inline const float *query(const Attention *a, const Tile *tile, long h) {
+    long t = tile->t0 + h / tile->group, head = tile->kv_head * tile->group + h % tile->group;
+    return a->q + (t * a->num_heads + head) * a->head_dim;
+}
+
+/* Pass 1: every query head's scores, scale * q . k; returns their maxima in `max_score`. */
+static void score(const Attention *a, const Tile *tile, long heads, float *max_score) {
+    long chunks = a->head_dim / LANES, last = position(tile, heads - 1);
+    __m256 top[MAX_HEADS];
+    for (long h = 0; h < heads; h++) top[h] = _mm256_set1_ps(-INFINITY);
+    for (long j0 = 0; j0 <= last; j0 += LANES) {
+        const float *keys[LANES];
+        for (long j = 0; j < keys_seen(last, j0); j++)
+            keys[j] = cached(a, a->k_cache, tile->table, j0 + j, tile->kv_head);
+        for (long h = 0; h < heads; h++) {
+            long n = keys_seen(position(tile, h), j0);
+            if (!n) continue;
+            const float *q = query(a, tile, h);
+            __m256 dots[LANES];
+            for (long j = 0; j < LANES; j++) {
+                dots[j] = _mm256_setzero_ps();
+                for (long c = 0; j < n && c < chunks; c++)
+                    dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * LANES),
+                                              _mm256_loadu_ps(keys[j] + c * LANES), dots[j]);
+            }
+            __m256 s = _mm256_mul_ps(sum8(dots), _mm256_set1_ps(a->scale));
+            _mm256_storeu_ps(tile->scores + h * tile->width + j0, s);
+            top[h] = _mm256_blendv_ps(top[h], _mm256_max_ps(top[h], s), first(n));
+        }
+    }
+    for (long h = 0; h < heads; h++) {
+        float lanes[LANES];
+        _mm256_storeu_ps(lanes, top[h]);
+        max_score[h] = lanes[0];
+        for (int l = 1; l < LANES; l++) max_score[h] = lanes[l] > max_score[h] ? lanes[l] : max_score[h];
+    }
+}
+
+/* Pass 2: a query head's scores become exp(score - max) in place; returns 1 / their sum. */
+static float normalise(float *scores, long pos, float max_score) {
+    __m256 sum = _mm256_setzero_ps();
+    for (long j0 = 0; j0 <= pos; j0 += LANES) {
+        __m256 p = exp256(_mm256_sub_ps(_mm256_loadu_ps(scores + j0), _mm256_set1_ps(max_score)));
+        p = _mm256_and_ps(p, first(pos + 1 - j0));
+        _mm256_storeu_ps(scores + j0, p);
+        sum = _mm256_add_ps(sum, p);
+    }
+    float l[LANES];
+    _mm256_storeu_ps(l, sum);
+    return 1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+}
+
+/* Pass 3: every query head's values, weighted key by key in key order, into tile->acc. */
+static void weigh(const Attention *a, const Tile *tile, long heads) {
+    long d = a->head_dim, chunks = d / LANES, last = position(tile, heads - 1);
+    for (long i = 0; i < heads * d; i++) tile->acc[i] = 0.0f;
+    for (long j0 = 0; j0 <= last; j0 += LANES) {
+        const float *values[LANES];
+        for (long j = 0; j < keys_seen(last, j0); j++)
+            values[j] = cached(a, a->v_cache, tile->table, j0 + j, tile->kv_head);
+        for (long h = 0; h < heads; h++) {
+            long n = keys_seen(position(tile, h), j0);
+            const float *p = tile->scores + h * tile->width + j0;
+            float *out = tile->acc + h * d;
+            __m256 acc[MAX_CHUNKS];
+            for (long c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(out + c * LANES);
+            for (long j = 0; j < n; j++) {
+                __m256 w = _mm256_set1_ps(p[j]);
+                for (long c = 0; c < chunks; c++)
+                    acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[j] + c * LANES), acc[c]);
+            }
+            for (long c = 0; c < chunks; c++) _mm256_storeu_ps(out + c * LANES, acc[c]);
+        }
+    }
+}
+
+static void attend(const Attention *a, const Tile *tile) {
+    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
+    float max_score[MAX_HEADS], inv_sum[MAX_HEADS];
+    score(a, tile, heads, max_score);
+    for (long h = 0; h < heads; h++)
+        inv_sum[h] = normalise(tile->scores + h * tile->width, position(tile, h), max_score[h]);
+    weigh(a, tile, heads);
+    for (long h = 0; h < heads; h++) {
+        float *out = (float *)query(a, tile, h) - a->q + a->out;
+        __m256 inv = _mm256_set1_ps(inv_sum[h]);
+        for (long c = 0; c < d / LANES; c++)
+            _mm256_storeu_ps(out + c * LANES,
+                             _mm256_mul_ps(_mm256_loadu_ps(tile->acc + h * d + c * LANES), inv));
+    }
+}
+
+int faser_paged_attention(const void *q, const void *k_cache, const void *v_cache,
+                          const int32_t *block_tables, const int32_t *seq_lens,
+                          const int32_t *cu_seqlens_q, void *out, long num_seqs, long max_blocks,
+                          long block_size, long num_heads, long num_kv_heads, long head_dim,
+                          float scale, int bf16) {
+    if (bf16 || head_dim > MAX_HEAD_DIM || head_dim % LANES || num_heads % num_kv_heads)
+        return -1;
+    Attention a = {q, k_cache, v_cache, block_tables, out, max_blocks, block_size, num_heads,
+                   num_kv_heads, head_dim, scale};
+    long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
+    if (group > MAX_GROUP) return -1;
+    for (long s = 0; s < num_seqs; s++) {
+        num_tiles += (cu_seqlens_q[s + 1] - cu_seqlens_q[s] + TILE - 1) / TILE;
+        longest = seq_lens[s] > longest ? seq_lens[s] : longest;
+    }
+    long *tiles = malloc(sizeof(long) * 2 * (num_tiles ? num_tiles : 1)); /* (seq, t0) */
+    long width = (longest + LANES) / LANES * LANES, per_thread = TILE * group * (width + head_dim);
+    float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
+    if (!tiles || !scratch) {
+        free(tiles);
+        free(scratch);
+        return -2;
+    }
+    for (long s = 0, i = 0; s < num_seqs; s++)
+        for (long t = cu_seqlens_q[s]; t < cu_seqlens_q[s + 1]; t += TILE, i++)
+            tiles[2 * i] = s, tiles[2 * i + 1] = t;
+    /* a query's bits depend on its own inputs only, so how tiles are shared out is free */
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long item = 0; item < num_tiles * num_kv_heads; item++) {
+        long i = item / num_kv_heads, s = tiles[2 * i];
+        float *mine = scratch + per_thread * omp_get_thread_num();
+        Tile tile = {.t0 = tiles[2 * i + 1], .kv_head = item % num_kv_heads, .group = group,
+                     .width = width, .table = block_tables + s * max_blocks, .scores = mine,
+                     .acc = mine + TILE * group * width};
+        tile.t1 = tile.t0 + TILE < cu_seqlens_q[s + 1] ? tile.t0 + TILE : cu_seqlens_q[s + 1];
+        tile.first = seq_lens[s] - (cu_seqlens_q[s + 1] - cu_seqlens_q[s]) - cu_seqlens_q[s];
+        attend(&a, &tile);
+    }
+    free(tiles);
+    free(scratch);
+    return 0;
+}

@@ -1,0 +1,32 @@
+"""The AVX2 builds (cpu_linear_avx2.c, cpu_attention_avx2.c) on a CPU with AVX-512, in a fresh
+process with FASER_CPU_ISA=avx2 (a process runs one set of builds): the kernels' float32 tests
+and the engine's float32 exactness. On a CPU without AVX-512 they ran in this process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from faser_kernels import cpu_build
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_attention.py",
+         "tests/engine/test_exactness.py"]
+
+
+def test_the_avx2_builds_in_a_fresh_process():
+    if cpu_build.isa() == "avx2":
+        pytest.skip("this process runs the AVX2 builds: their tests ran here")
+    if missing := cpu_build.NEEDED_FLAGS["avx2"][cpu_build.DTYPES[0]] - cpu_build.cpu_flags():
+        pytest.skip(f"the CPU lacks {', '.join(sorted(missing))}")
+    env = {**os.environ, cpu_build.ISA_ENV: "avx2"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "float32", *TESTS],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout and " failed" not in done.stdout
