@@ -24,7 +24,7 @@ def client(ray_serve, tiny_pair):
     target, draft = tiny_pair
     app = build_app({
         "model": str(target), "draft_model": str(draft), "served_model_name": MODEL,
-        "policy": "off", "max_model_len": 512, "num_kv_blocks": 128, "block_size": 4,
+        "policy": "off", "max_model_len": 2048, "num_kv_blocks": 512, "block_size": 4,
         "max_num_seqs": 2, "max_ongoing_requests": 2, "num_replicas": 2,
         "num_cpus": 0.5, "torch_threads": 1,
     })
