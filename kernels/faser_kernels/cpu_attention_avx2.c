@@ -8,23 +8,21 @@
  * product is eight lane-wise FMA chains over the head (head_dim a multiple of 8), and the block's
  * eight keys are summed in one transposing tree that adds every key's lanes alike
  * (((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), leaving the block's scores in one vector; the
- * weights exp(score - max) come from a fixed polynomial (no library call), their sum in eight
- * lanes by key mod 8, and the values are weighted key by key. As in cpu_attention.c, the work
+ * weights exp(score - max) come from a fixed polynomial (cpu_vec_avx2.h's exp256), their sum in
+ * eight lanes by key mod 8, and the values are weighted key by key. As in cpu_attention.c, the work
  * goes in tiles of up to TILE queries of one request with the query heads of one kv head, which
  * share each block of keys (and of values) while it is in the cache; each query head still takes
  * its keys in order, so the tiling changes no bit.
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
-#include <immintrin.h>
+#include "cpu_vec_avx2.h"
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #define MAX_HEAD_DIM 128
-#define LANES 8
-#define MAX_CHUNKS (MAX_HEAD_DIM / LANES)
 
 typedef struct {
     const float *q, *k_cache, *v_cache;
@@ -41,38 +39,34 @@ static inline const float *cached(const Attention *a, const float *cache, const 
     return cache + (slot * a->num_kv_heads + h) * a->head_dim;
 }
 
-/* Lane j of the result: the sum of v[j]'s eight lanes, in the same tree for every j. */
-static inline __m256 sum8(const __m256 v[8]) {
-    __m256 t0 = _mm256_hadd_ps(v[0], v[1]), t1 = _mm256_hadd_ps(v[2], v[3]);
-    __m256 t2 = _mm256_hadd_ps(v[4], v[5]), t3 = _mm256_hadd_ps(v[6], v[7]);
+/* Lane j of the result: the sum of vj's eight lanes, in the same tree for every j. By value:
+ * accumulators in an array were stored back to memory at every step of their sums. */
+static inline __m256 sum8(__m256 v0, __m256 v1, __m256 v2, __m256 v3, __m256 v4, __m256 v5,
+                          __m256 v6, __m256 v7) {
+    __m256 t0 = _mm256_hadd_ps(v0, v1), t1 = _mm256_hadd_ps(v2, v3);
+    __m256 t2 = _mm256_hadd_ps(v4, v5), t3 = _mm256_hadd_ps(v6, v7);
     __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
     return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
                          _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* exp(x) = 2^n * p(r), r = x - n ln2, p of degree 6, as cpu_vec.h's exp512; x in [-87, 88]. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
-                                  23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* Lanes [0, n) set. */
-static inline __m256 first(long n) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), lane));
+/* q . k_j for the eight keys at `keys` (a key past the query's position is a row of zeros), as
+ * eight lane-wise FMA chains each, summed by sum8. */
+static inline __m256 dots8(const float *q, const float *const keys[LANES], long chunks) {
+    __m256 d0, d1, d2, d3, d4, d5, d6, d7;
+    d0 = d1 = d2 = d3 = d4 = d5 = d6 = d7 = _mm256_setzero_ps();
+    for (long c = 0, i = 0; c < chunks; c++, i += LANES) {
+        __m256 qc = _mm256_loadu_ps(q + i);
+        d0 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[0] + i), d0);
+        d1 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[1] + i), d1);
+        d2 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[2] + i), d2);
+        d3 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[3] + i), d3);
+        d4 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[4] + i), d4);
+        d5 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[5] + i), d5);
+        d6 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[6] + i), d6);
+        d7 = _mm256_fmadd_ps(qc, _mm256_loadu_ps(keys[7] + i), d7);
+    }
+    return sum8(d0, d1, d2, d3, d4, d5, d6, d7);
 }
 
 #define TILE 8      /* queries of one request per tile */
@@ -108,22 +102,18 @@ static void score(const Attention *a, const Tile *tile, long heads, float *max_s
     long chunks = a->head_dim / LANES, last = position(tile, heads - 1);
     __m256 top[MAX_HEADS];
     for (long h = 0; h < heads; h++) top[h] = _mm256_set1_ps(-INFINITY);
+    static const float zeros[MAX_HEAD_DIM];
     for (long j0 = 0; j0 <= last; j0 += LANES) {
-        const float *keys[LANES];
-        for (long j = 0; j < keys_seen(last, j0); j++)
-            keys[j] = cached(a, a->k_cache, tile->table, j0 + j, tile->kv_head);
+        const float *keys[LANES], *mine[LANES];
+        for (long j = 0; j < LANES; j++)
+            keys[j] = j < keys_seen(last, j0)
+                          ? cached(a, a->k_cache, tile->table, j0 + j, tile->kv_head) : zeros;
         for (long h = 0; h < heads; h++) {
             long n = keys_seen(position(tile, h), j0);
             if (!n) continue;
-            const float *q = query(a, tile, h);
-            __m256 dots[LANES];
-            for (long j = 0; j < LANES; j++) {
-                dots[j] = _mm256_setzero_ps();
-                for (long c = 0; j < n && c < chunks; c++)
-                    dots[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + c * LANES),
-                                              _mm256_loadu_ps(keys[j] + c * LANES), dots[j]);
-            }
-            __m256 s = _mm256_mul_ps(sum8(dots), _mm256_set1_ps(a->scale));
+            for (long j = 0; j < LANES; j++) mine[j] = j < n ? keys[j] : zeros;
+            __m256 s = _mm256_mul_ps(dots8(query(a, tile, h), mine, chunks),
+                                     _mm256_set1_ps(a->scale));
             _mm256_storeu_ps(tile->scores + h * tile->width + j0, s);
             top[h] = _mm256_blendv_ps(top[h], _mm256_max_ps(top[h], s), first(n));
         }
@@ -132,7 +122,8 @@ static void score(const Attention *a, const Tile *tile, long heads, float *max_s
         float lanes[LANES];
         _mm256_storeu_ps(lanes, top[h]);
         max_score[h] = lanes[0];
-        for (int l = 1; l < LANES; l++) max_score[h] = lanes[l] > max_score[h] ? lanes[l] : max_score[h];
+        for (int l = 1; l < LANES; l++)
+            max_score[h] = lanes[l] > max_score[h] ? lanes[l] : max_score[h];
     }
 }
 
@@ -145,9 +136,7 @@ static float normalise(float *scores, long pos, float max_score) {
         _mm256_storeu_ps(scores + j0, p);
         sum = _mm256_add_ps(sum, p);
     }
-    float l[LANES];
-    _mm256_storeu_ps(l, sum);
-    return 1.0f / (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+    return 1.0f / sum_lanes(sum);
 }
 
 /* Pass 3: every query head's values, weighted key by key in key order, into tile->acc. */
@@ -162,14 +151,14 @@ static void weigh(const Attention *a, const Tile *tile, long heads) {
             long n = keys_seen(position(tile, h), j0);
             const float *p = tile->scores + h * tile->width + j0;
             float *out = tile->acc + h * d;
-            __m256 acc[MAX_CHUNKS];
-            for (long c = 0; c < chunks; c++) acc[c] = _mm256_loadu_ps(out + c * LANES);
-            for (long j = 0; j < n; j++) {
-                __m256 w = _mm256_set1_ps(p[j]);
-                for (long c = 0; c < chunks; c++)
-                    acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values[j] + c * LANES), acc[c]);
+            /* chunk by chunk, so that each sum stays in one register through the block */
+            for (long c = 0, i = 0; c < chunks; c++, i += LANES) {
+                __m256 acc = _mm256_loadu_ps(out + i);
+                for (long j = 0; j < n; j++)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values[j] + i),
+                                          acc);
+                _mm256_storeu_ps(out + i, acc);
             }
-            for (long c = 0; c < chunks; c++) _mm256_storeu_ps(out + c * LANES, acc[c]);
         }
     }
 }

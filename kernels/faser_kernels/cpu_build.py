@@ -6,12 +6,11 @@ imported first), so a kernel's threads are torch's: `torch.set_num_threads` sets
 second pool of spinning threads competes for the cores.
 
 Two instruction sets: AVX-512 (every kernel, float32 and, with AVX-512 BF16, bf16) and, on CPUs
-without it, AVX2 with FMA, for which the linear and attention kernels have float32 builds of their
-own (`cpu_linear_avx2.c`, `cpu_attention_avx2.c`, the same exported functions and the same
-row-invariance): those two are what make a float32 step row-invariant, the other kernels only
-fuse or speed it. FASER_CPU_ISA=avx2 takes the AVX2 builds on an AVX-512 CPU too (their tests run
-everywhere). Where neither runs or no compiler is found, `unavailable_reason` says why and callers
-keep their PyTorch twin.
+without it, AVX2 with FMA, for which every kernel but the bf16 head's rescoring has a float32
+build (`AVX2_SOURCES`: the same exported functions and the same row-invariance).
+FASER_CPU_ISA=avx2 takes the AVX2 builds on an AVX-512 CPU too (their tests run everywhere).
+Where neither runs or no compiler is found, `unavailable_reason` says why and callers keep their
+PyTorch twin.
 """
 
 from __future__ import annotations
@@ -42,7 +41,9 @@ NEEDED_FLAGS = {  # per instruction set, per dtype
     },
     "avx2": {torch.float32: {"avx2", "fma"}},
 }
-AVX2_SOURCES = {"cpu_linear.c": "cpu_linear_avx2.c", "cpu_attention.c": "cpu_attention_avx2.c"}
+# the AVX2 build of each source (cpu_decoder.c builds for either, from the sources it includes)
+AVX2_SOURCES = {"cpu_linear.c": "cpu_linear_avx2.c", "cpu_attention.c": "cpu_attention_avx2.c",
+                "cpu_ops.c": "cpu_ops_avx2.c", "cpu_decoder.c": "cpu_decoder.c"}
 DTYPES = (torch.float32, torch.bfloat16)
 CACHE_ENV = "FASER_CACHE"
 ISA_ENV = "FASER_CPU_ISA"

@@ -1,4 +1,5 @@
-/* A run of Llama decoder layers in one call, on x86 CPUs with AVX-512: the same kernels as the
+/* A run of Llama decoder layers in one call, on x86 CPUs with AVX-512 (or, float32 only, AVX2:
+ * built with cpu_build's AVX2 flags, it takes the AVX2 builds): the same kernels as the
  * layer-by-layer path (cpu_linear.c, cpu_ops.c, cpu_attention.c) in the same order, so the same
  * bits, without a round trip through Python and torch's dispatch for each of a layer's dozen
  * operations (at one token they cost as much as the weights take to stream).
@@ -10,9 +11,15 @@
  * after the last, the final norm. A feature draft's input may be built in the same call (the
  * prologue): x = [embed[ids], fuse(features)] Wfc, fuse skipped for features of hidden width (the
  * draft's own guesses). The caller holds every buffer. */
+#ifdef __AVX512F__
 #include "cpu_attention.c"
 #include "cpu_linear.c"
 #include "cpu_ops.c"
+#else
+#include "cpu_attention_avx2.c"
+#include "cpu_linear_avx2.c"
+#include "cpu_ops_avx2.c"
+#endif
 
 #include <string.h>
 
@@ -59,11 +66,13 @@ typedef struct {
 
 static void linear(const Layers *a, const void *x, const void *w, const float *scale,
                    const void *bias, void *out, long n, long k) {
+#ifdef __AVX512F__
     if (scale)
         faser_linear_i8(x, w, scale, bias, out, a->num_tokens, n, k);
     else if (a->bf16)
         faser_linear_bf16(x, w, bias, out, a->num_tokens, n, k);
     else
+#endif
         faser_linear_f32(x, w, bias, out, a->num_tokens, n, k);
 }
 

@@ -1,4 +1,5 @@
-"""A model's Llama decoder layers and final norm in one C call on AVX-512 CPUs (`cpu_decoder.c`):
+"""A model's Llama decoder layers and final norm in one C call on AVX-512 CPUs (`cpu_decoder.c`;
+float32 also on AVX2 ones, the same source over the AVX2 builds):
 the same kernels as the layer-by-layer path, in the same order, so the same bits; its twin is that
 path itself (faser.models.llama, run layer by layer), which the tests compare it with. The call
 also takes the feature rows a feature draft reads (the residual stream after given layers,

@@ -1,4 +1,5 @@
-"""The row-local ops of a decoder layer fused on x86 CPUs with AVX-512 (cpu_ops.c), each beside
+"""The row-local ops of a decoder layer fused on x86 CPUs with AVX-512 (cpu_ops.c; float32 also
+with AVX2, cpu_ops_avx2.c, which has no rescoring: a float32 head needs none), each beside
 its PyTorch twin with the same signature: residual add + RMSNorm, rotary embedding in place,
 SiLU(gate) * up; and the head's: its leading candidates rescored in float32, each row's argmax.
 A row gets the same bits whatever else shares the call; one call replaces the handful of torch
@@ -160,12 +161,15 @@ def _is_bf16(x: torch.Tensor) -> int:
 def _library() -> ctypes.CDLL:
     lib = cpu_build.library("cpu_ops.c")
     ptr, long, i32, f32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
-    lib.faser_add_rms_norm.argtypes = [ptr] * 5 + [long, long, f32, i32, i32]
-    lib.faser_rotary.argtypes = [ptr] * 4 + [long] * 4 + [i32]
-    lib.faser_silu_mul.argtypes = [ptr, ptr, long, long, i32]
-    lib.faser_rescore_head.argtypes = [ptr] * 4 + [long] * 4
-    lib.faser_argmax_rows.argtypes = [ptr, ptr, long, long]
-    for fn in (lib.faser_add_rms_norm, lib.faser_rotary, lib.faser_silu_mul,
-               lib.faser_rescore_head, lib.faser_argmax_rows):
-        fn.restype = None
+    signatures = {
+        "faser_add_rms_norm": [ptr] * 5 + [long, long, f32, i32, i32],
+        "faser_rotary": [ptr] * 4 + [long] * 4 + [i32],
+        "faser_silu_mul": [ptr, ptr, long, long, i32],
+        "faser_rescore_head": [ptr] * 4 + [long] * 4,  # not in an AVX2 build: bf16 only
+        "faser_argmax_rows": [ptr, ptr, long, long],
+    }
+    for name, argtypes in signatures.items():
+        if hasattr(lib, name):
+            getattr(lib, name).argtypes = argtypes
+            getattr(lib, name).restype = None
     return lib

@@ -1,6 +1,7 @@
-"""The AVX2 builds (cpu_linear_avx2.c, cpu_attention_avx2.c) on a CPU with AVX-512, in a fresh
-process with FASER_CPU_ISA=avx2 (a process runs one set of builds): the kernels' float32 tests
-and the engine's float32 exactness. On a CPU without AVX-512 they ran in this process."""
+"""The AVX2 builds (cpu_linear_avx2.c, cpu_attention_avx2.c, cpu_ops_avx2.c and cpu_decoder.c's)
+on a CPU with AVX-512, in a fresh process with FASER_CPU_ISA=avx2 (a process runs one set of
+builds): the kernels' float32 tests, the fused layers against the layer-by-layer path and the
+engine's float32 exactness. On a CPU without AVX-512 they ran in this process."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from faser_kernels import cpu_build
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_attention.py",
+         "tests/kernels/test_cpu_ops.py", "tests/engine/test_fused_layers.py",
          "tests/engine/test_exactness.py"]
 
 
