@@ -123,14 +123,16 @@ def linear_torch(
 @functools.cache
 def _library() -> ctypes.CDLL:
     lib = cpu_build.library("cpu_linear.c")
-    # an AVX2 build has the float32 kernel only (cpu_build)
-    for name in ("faser_linear_bf16", "faser_linear_f32"):
+    ptr, long = ctypes.c_void_p, ctypes.c_long
+    signatures = {  # an AVX2 build has the float32 kernel only (cpu_build)
+        "faser_linear_bf16": [ptr] * 4 + [long] * 3,
+        "faser_linear_f32": [ptr] * 4 + [long] * 3,
+        "faser_linear_i8": [ptr] * 5 + [long] * 3,
+    }
+    for name, argtypes in signatures.items():
         if hasattr(lib, name):
-            getattr(lib, name).argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+            getattr(lib, name).argtypes = argtypes
             getattr(lib, name).restype = None
-    if hasattr(lib, "faser_linear_i8"):
-        lib.faser_linear_i8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 3
-        lib.faser_linear_i8.restype = None
     lib.faser_linear_uses_amx.argtypes = []
     lib.faser_linear_uses_amx.restype = ctypes.c_int
     return lib
