@@ -249,7 +249,7 @@ static void run(const Linear *a, int format) {
         return;
     }
     long num_panels = (a->n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (long p = 0; p < num_panels; p++) {
         for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
             long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;

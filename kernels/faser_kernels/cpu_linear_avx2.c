@@ -72,7 +72,7 @@ void faser_linear_f32(const float *x, const float *w, const float *bias, float *
                       long n, long k) {
     Linear a = {x, w, bias, out, m, n, k};
     long num_panels = (n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (long p = 0; p < num_panels; p++) {
         for (long m0 = 0; m0 < m; m0 += MAX_ROWS) {
             long rows = m - m0 < MAX_ROWS ? m - m0 : MAX_ROWS;

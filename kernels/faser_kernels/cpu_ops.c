@@ -27,7 +27,7 @@ static inline char *row_at(void *base, long row, long stride, int bf16) {
  * (out_bf16); all [m, d]. */
 void faser_add_rms_norm(const void *x, const float *residual, const void *weight, void *out,
                         float *residual_out, long m, long d, float eps, int bf16, int out_bf16) {
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const void *xr = row_at((void *)x, r, d, bf16);
         float *hr = residual_out + r * d;
@@ -54,7 +54,7 @@ void faser_rotary(void *x, const int64_t *positions, const float *cos_table,
                   const float *sin_table, long n, long heads, long head_dim, long row_stride,
                   int bf16) {
     long half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
     for (long t = 0; t < n; t++) {
         const float *c = cos_table + positions[t] * half, *s = sin_table + positions[t] * half;
         for (long h = 0; h < heads; h++) {
@@ -72,7 +72,7 @@ void faser_rotary(void *x, const int64_t *positions, const float *cos_table,
 
 /* out [m, inter] = silu(gate) * up, from gate_up [m, 2 * inter] (gate first). */
 void faser_silu_mul(const void *gate_up, void *out, long m, long inter, int bf16) {
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const char *g = row_at((void *)gate_up, r, 2 * inter, bf16);
         const char *u = g + inter * (bf16 ? 2 : 4);
@@ -115,7 +115,7 @@ static inline float dot_f32(const float *a, const float *b, long d) {
 void faser_rescore_head(const uint16_t *logits, const float *hidden, const float *weight,
                         float *out, long m, long vocab, long d, long num_top) {
     if (num_top > MAX_RESCORED) num_top = MAX_RESCORED;
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const uint16_t *row = logits + r * vocab;
         float *o = out + r * vocab, vals[MAX_RESCORED];
@@ -141,7 +141,7 @@ void faser_rescore_head(const uint16_t *logits, const float *hidden, const float
 
 /* index [m]: the first maximum of each row of x [m, n] float32 (rows without NaN). */
 void faser_argmax_rows(const float *x, int64_t *index, long m, long n) {
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const float *row = x + r * n;
         __m512 best = _mm512_set1_ps(-INFINITY);

@@ -26,7 +26,7 @@ static inline void store8(float *row, long i, long n, __m256 v) {
 void faser_add_rms_norm(const float *x, const float *residual, const float *weight, float *out,
                         float *residual_out, long m, long d, float eps, int bf16, int out_bf16) {
     if (bf16 || out_bf16) return; /* the Python side never asks: cpu_build has no bf16 here */
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         float *hr = residual_out + r * d;
         __m256 sq = _mm256_setzero_ps();
@@ -50,7 +50,7 @@ void faser_rotary(float *x, const int64_t *positions, const float *cos_table,
                   int bf16) {
     if (bf16) return;
     long half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
     for (long t = 0; t < n; t++) {
         const float *c = cos_table + positions[t] * half, *s = sin_table + positions[t] * half;
         for (long h = 0; h < heads; h++) {
@@ -68,7 +68,7 @@ void faser_rotary(float *x, const int64_t *positions, const float *cos_table,
 /* out [m, inter] = silu(gate) * up, from gate_up [m, 2 * inter] (gate first). */
 void faser_silu_mul(const float *gate_up, float *out, long m, long inter, int bf16) {
     if (bf16) return;
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const float *g = gate_up + r * 2 * inter, *u = g + inter;
         for (long i = 0; i < inter; i += LANES) {
@@ -83,7 +83,7 @@ void faser_silu_mul(const float *gate_up, float *out, long m, long inter, int bf
 
 /* index [m]: the first maximum of each row of x [m, n] (rows without NaN). */
 void faser_argmax_rows(const float *x, int64_t *index, long m, long n) {
-#pragma omp parallel for schedule(static) if (m > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (m > 1)
     for (long r = 0; r < m; r++) {
         const float *row = x + r * n;
         __m256 best = _mm256_set1_ps(-INFINITY);
