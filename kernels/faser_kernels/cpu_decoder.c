@@ -38,6 +38,7 @@ typedef struct {
     long hidden, num_heads, num_kv_heads, head_dim, intermediate;
     float eps, scale;
     int bf16;
+    int q4; /* the layers' projections (not the prologue's) are 4-bit blocks, float32 only */
     /* buffers: x [n, hidden] (in: the last layer's output; out: this run's), residual [n, hidden]
      * float32 (in and out; has_residual 0 at the first layer), and scratch */
     void *x, *normed, *qkv_out, *q, *attn, *gate_up_out, *act;
@@ -65,7 +66,11 @@ typedef struct {
 } Layers;
 
 static void linear(const Layers *a, const void *x, const void *w, const float *scale,
-                   const void *bias, void *out, long n, long k) {
+                   const void *bias, void *out, long n, long k, int q4) {
+    if (q4) {
+        faser_linear_q4(x, w, bias, out, a->num_tokens, n, k);
+        return;
+    }
 #ifdef __AVX512F__
     if (scale)
         faser_linear_i8(x, w, scale, bias, out, a->num_tokens, n, k);
@@ -101,7 +106,8 @@ static int layer(Layers *a, long l) {
     faser_add_rms_norm(a->x, a->has_residual ? a->residual : NULL, a->input_norm[l], a->normed,
                        a->residual, n, d, a->eps, a->bf16, a->bf16);
     a->has_residual = 1;
-    linear(a, a->normed, a->qkv[l], a->qkv_scale[l], a->qkv_bias[l], a->qkv_out, width, d);
+    linear(a, a->normed, a->qkv[l], a->qkv_scale[l], a->qkv_bias[l], a->qkv_out, width, d,
+           a->q4);
     faser_rotary(a->qkv_out, a->positions, a->cos_table, a->sin_table, n,
                  a->num_heads + a->num_kv_heads, a->head_dim, width, a->bf16);
     store_kv(a, l);
@@ -111,13 +117,13 @@ static int layer(Layers *a, long l) {
                                      a->max_blocks, a->block_size, a->num_heads,
                                      a->num_kv_heads, a->head_dim, a->scale, a->bf16);
     if (code) return code;
-    linear(a, a->attn, a->o[l], a->o_scale[l], NULL, a->x, d, q);
+    linear(a, a->attn, a->o[l], a->o_scale[l], NULL, a->x, d, q, a->q4);
     faser_add_rms_norm(a->x, a->residual, a->post_norm[l], a->normed, a->residual, n, d, a->eps,
                        a->bf16, a->bf16);
     linear(a, a->normed, a->gate_up[l], a->gate_up_scale[l], NULL, a->gate_up_out,
-           2 * a->intermediate, d);
+           2 * a->intermediate, d, a->q4);
     faser_silu_mul(a->gate_up_out, a->act, n, a->intermediate, a->bf16);
-    linear(a, a->act, a->down[l], a->down_scale[l], NULL, a->x, d, a->intermediate);
+    linear(a, a->act, a->down[l], a->down_scale[l], NULL, a->x, d, a->intermediate, a->q4);
     return 0;
 }
 
@@ -131,7 +137,7 @@ static void prologue(const Layers *a) {
         memcpy(joined + t * row, (const char *)a->embed + a->ids[t] * d * elem, d * elem);
     if (a->fuse) {
         char *fused = joined + n * row; /* scratch past the joined rows */
-        linear(a, a->features, a->fuse, a->fuse_scale, NULL, fused, d, a->feature_dim);
+        linear(a, a->features, a->fuse, a->fuse_scale, NULL, fused, d, a->feature_dim, 0);
         for (long t = 0; t < n; t++)
             memcpy(joined + t * row + d * elem, fused + t * d * elem, d * elem);
     } else {
@@ -139,7 +145,7 @@ static void prologue(const Layers *a) {
             memcpy(joined + t * row + d * elem, (const char *)a->features + t * d * elem,
                    d * elem);
     }
-    linear(a, joined, a->fc, a->fc_scale, NULL, a->x, d, 2 * d);
+    linear(a, joined, a->fc, a->fc_scale, NULL, a->x, d, 2 * d, 0);
 }
 
 /* The prologue if any, layers [0, num_layers) with their taps and the final norm; 0, or the

@@ -23,6 +23,9 @@ _PP = ctypes.POINTER(ctypes.c_void_p)
 _L = ctypes.c_long
 
 
+PROJECTIONS = ("qkv", "o", "gate_up", "down")
+
+
 class _Layers(ctypes.Structure):
     _fields_ = [
         *((name, _PP) for name in ("input_norm", "qkv", "qkv_bias", "o", "post_norm",
@@ -33,6 +36,7 @@ class _Layers(ctypes.Structure):
         *((name, _L) for name in ("num_tokens", "num_seqs", "max_blocks", "block_size", "hidden",
                                   "num_heads", "num_kv_heads", "head_dim", "intermediate")),
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("bf16", ctypes.c_int),
+        ("q4", ctypes.c_int),
         *((name, _P) for name in ("x", "normed", "qkv_out", "q", "attn", "gate_up_out", "act",
                                   "residual")),
         ("has_residual", ctypes.c_int),
@@ -90,6 +94,11 @@ class DecoderLayers:
     ) -> None:
         self.shapes, self.dtype = shapes, dtype
         self.num_layers = len(weights["input_norm"])
+        # the projections in 4-bit blocks (uint8, cpu_linear.pack_q4): all of them or none
+        formats = {w.dtype == torch.uint8 for name in PROJECTIONS for w in weights[name]}
+        if len(formats) > 1:
+            raise ValueError("the layers' projections mix 4-bit blocks and other formats")
+        self.q4 = formats == {True}
         self._final_norm = final_norm
         self._unit = torch.ones(shapes.hidden, dtype=dtype)  # the taps' norm weight
         pointers = {name: _pointers(ts) for name, ts in weights.items()}
@@ -145,7 +154,7 @@ class DecoderLayers:
             max_blocks=block_tables.shape[1], block_size=kv_caches[0][0].shape[1], hidden=s.hidden,
             num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
             intermediate=s.intermediate, eps=s.eps, scale=s.head_dim**-0.5,
-            bf16=int(self.dtype == torch.bfloat16), x=x.data_ptr(),
+            bf16=int(self.dtype == torch.bfloat16), q4=int(self.q4), x=x.data_ptr(),
             normed=scratch[0].data_ptr(), qkv_out=scratch[1].data_ptr(),
             q=scratch[2].data_ptr(), attn=scratch[3].data_ptr(),
             gate_up_out=scratch[4].data_ptr(), act=scratch[5].data_ptr(),

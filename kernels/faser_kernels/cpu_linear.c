@@ -282,3 +282,5 @@ void faser_linear_i8(const void *x, const void *w, const float *scale, const flo
     Linear a = {x, w, scale, bias, out, m, n, k};
     run(&a, I8);
 }
+
+#include "cpu_linear_q4.c"

@@ -24,21 +24,25 @@ import torch.nn.functional as F
 from faser_kernels import cpu_build
 
 PANEL = 32  # output columns per packed panel, as in cpu_linear.c
+Q4_BLOCK = 32  # k per 4-bit block, as in cpu_linear_q4.c (GGUF's Q4_1)
 
 
 @dataclass(frozen=True, slots=True)
 class PackedWeight:
     """A [n, k] weight in the kernel's panels (cpu_linear.c)."""
 
-    data: torch.Tensor  # bf16, int8: [num_panels, k / 2, PANEL, 2]; fp32: [num_panels, k, PANEL]
+    # bf16, int8: [num_panels, k / 2, PANEL, 2]; fp32: [num_panels, k, PANEL]; 4-bit blocks
+    # (uint8): [num_panels, k / Q4_BLOCK, bytes] (pack_q4)
+    data: torch.Tensor
     n: int
     k: int
     scale: torch.Tensor | None = None  # [n] float32: an int8 weight's per-output scale
 
     @property
     def dtype(self) -> torch.dtype:
-        """The inputs' (and outputs') dtype: an int8 weight takes bf16."""
-        return torch.bfloat16 if self.data.dtype == torch.int8 else self.data.dtype
+        """The inputs' (and outputs') dtype: an int8 weight takes bf16, a 4-bit one float32."""
+        return {torch.int8: torch.bfloat16, torch.uint8: torch.float32}.get(self.data.dtype,
+                                                                            self.data.dtype)
 
 
 def unavailable_reason(dtype: torch.dtype) -> str | None:
@@ -73,6 +77,57 @@ def pack_weight(weight: torch.Tensor, int8: bool = False) -> PackedWeight:  # [n
     return PackedWeight(data.contiguous(), n, k, scale)
 
 
+def pack_q4(weight: torch.Tensor) -> PackedWeight | None:
+    """A float32 [n, k] weight whose every block of Q4_BLOCK along k is d * q + m for q in 0..15
+    (one rounding), as a checkpoint dequantized from GGUF's Q4_1 is, in 4-bit blocks
+    (cpu_linear_q4.c): per panel and block, the panel's d and m, then its q, a sixth of the
+    float32 panels' bytes for the same bits out. None for any other weight."""
+    found = q4_blocks(weight)
+    if found is None:
+        return None
+    q, d, m = found
+    (n, k), num_blocks = weight.shape, weight.shape[1] // Q4_BLOCK
+    num_panels = -(-n // PANEL)
+    pad = num_panels * PANEL - n  # zero columns: q, d and m 0
+    q = F.pad(q, (0, 0, 0, 0, 0, pad)).view(num_panels, PANEL, num_blocks, Q4_BLOCK)
+    q = q.permute(0, 2, 3, 1)  # [panel, block, k, column]
+    half = PANEL // 2
+    nibbles = q[..., :half] | (q[..., half:] << 4)  # column j low, column j + half high
+    head = F.pad(torch.stack([d, m]), (0, 0, 0, pad)).view(2, num_panels, PANEL, num_blocks)
+    head = head.permute(1, 3, 0, 2).contiguous().view(torch.uint8)  # [panel, block, 2, 4 PANEL]
+    data = torch.cat([head.reshape(num_panels, num_blocks, -1),
+                      nibbles.reshape(num_panels, num_blocks, -1)], dim=-1)
+    return PackedWeight(data.contiguous(), n, k)
+
+
+def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(q [n, k / Q4_BLOCK, Q4_BLOCK] uint8, d, m [n, k / Q4_BLOCK] float32) with
+    fma(q, d, m) == weight bit for bit in every block; None when some block has none. m is a
+    block's least weight (its q is 0); d, a float16 in GGUF, is the float16 nearest
+    (max - min) / 15 or one of its neighbours."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % Q4_BLOCK:
+        return None
+    n, k = weight.shape
+    w = weight.detach().reshape(-1, Q4_BLOCK)  # [blocks, Q4_BLOCK]
+    m = w.amin(dim=-1)
+    guess = ((w.amax(dim=-1).double() - m.double()) / 15).to(torch.float16).view(torch.int16)
+    q_found = torch.zeros(w.shape, dtype=torch.uint8)
+    d_found = torch.zeros_like(m)
+    left = torch.arange(len(w))  # blocks without a d yet
+    for ulps in (0, -1, 1, -2, 2):
+        d = (guess[left] + ulps).clamp_min(0).view(torch.float16).float()[:, None]
+        base = m[left, None]
+        q = torch.nan_to_num((w[left] - base) / d).round().clamp(0, 15)
+        # q * d is exact (4 bits times float16's 11), so this rounds once, as the FMA does
+        exact = ((q * d + base).view(torch.int32) == w[left].view(torch.int32)).all(dim=-1)
+        q_found[left[exact]], d_found[left[exact]] = q[exact].to(torch.uint8), d[exact, 0]
+        left = left[~exact]
+        if not len(left):
+            shape = (n, k // Q4_BLOCK)
+            return q_found.view(*shape, Q4_BLOCK), d_found.view(shape), m.view(shape)
+    return None
+
+
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[n, k] as int8 [n, k] times a float32 scale [n] per output (symmetric, max |w| -> 127)."""
     w = weight.detach().float()
@@ -98,8 +153,12 @@ def linear(
         _library().faser_linear_i8(x.data_ptr(), weight.data.data_ptr(), weight.scale.data_ptr(),
                                    b, out.data_ptr(), m, weight.n, weight.k)
         return out
-    run = _library().faser_linear_bf16 if x.dtype == torch.bfloat16 else \
-        _library().faser_linear_f32
+    if weight.data.dtype == torch.uint8:
+        run = _library().faser_linear_q4
+    elif x.dtype == torch.bfloat16:
+        run = _library().faser_linear_bf16
+    else:
+        run = _library().faser_linear_f32
     run(x.data_ptr(), weight.data.data_ptr(), b, out.data_ptr(), m, weight.n, weight.k)
     return out
 
@@ -128,6 +187,7 @@ def _library() -> ctypes.CDLL:
         "faser_linear_bf16": [ptr] * 4 + [long] * 3,
         "faser_linear_f32": [ptr] * 4 + [long] * 3,
         "faser_linear_i8": [ptr] * 5 + [long] * 3,
+        "faser_linear_q4": [ptr] * 4 + [long] * 3,
     }
     for name, argtypes in signatures.items():
         if hasattr(lib, name):
