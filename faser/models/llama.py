@@ -151,25 +151,24 @@ class LlamaForCausalLM(nn.Module):
         if reason is not None or self.fused_layers is not None:
             return reason
         layers = [(layer.self_attn, layer.mlp) for layer in self.layers]
+        projections = {"qkv": [attn.qkv_proj for attn, _ in layers],
+                       "o": [attn.o_proj for attn, _ in layers],
+                       "gate_up": [mlp.gate_up_proj for _, mlp in layers],
+                       "down": [mlp.down_proj for _, mlp in layers]}
         weights = {
             "input_norm": [layer.input_layernorm.weight for layer in self.layers],
-            "qkv": [attn.qkv_proj.packed.data for attn, _ in layers],
             "qkv_bias": [attn.qkv_proj.bias for attn, _ in layers],
-            "o": [attn.o_proj.packed.data for attn, _ in layers],
             "post_norm": [layer.post_attention_layernorm.weight for layer in self.layers],
-            "gate_up": [mlp.gate_up_proj.packed.data for _, mlp in layers],
-            "down": [mlp.down_proj.packed.data for _, mlp in layers],
-            "qkv_scale": [attn.qkv_proj.packed.scale for attn, _ in layers],
-            "o_scale": [attn.o_proj.packed.scale for attn, _ in layers],
-            "gate_up_scale": [mlp.gate_up_proj.packed.scale for _, mlp in layers],
-            "down_scale": [mlp.down_proj.packed.scale for _, mlp in layers],
+            **{name: [p.packed.data for p in ps] for name, ps in projections.items()},
+            **{f"{name}_scale": [p.packed.scale for p in ps] for name, ps in projections.items()},
         }
+        blocks = {name: [p.packed.blocks for p in ps] for name, ps in projections.items()}
         attn, cfg = self.layers[0].self_attn, self.config
         shapes = cpu_decoder.LayerShapes(cfg.hidden_size, attn.num_heads, attn.num_kv_heads,
                                          attn.head_dim, self.layers[0].mlp.intermediate_size,
                                          self.layers[0].input_layernorm.eps)
         self.fused_layers = cpu_decoder.DecoderLayers(shapes, weights, self.norm.weight,
-                                                      self.embed_tokens.weight.dtype)
+                                                      self.embed_tokens.weight.dtype, blocks)
         return None
 
     def run_layers(

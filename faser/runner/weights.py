@@ -9,10 +9,10 @@ and the kernel streams each weight once per call, so verification costs about on
 choose their blocking by the row count and so are not row-invariant. "auto" picks "packed" where
 it runs.
 
-A float32 model whose decoder projections hold GGUF's Q4_1 values (d * q + m in every block of 32
-along k: a checkpoint dequantized from such a file, as the embedded default is) keeps them in
-4-bit blocks (cpu_linear.pack_q4): a sixth of the bytes, dequantized in the kernel to the same
-float32 weights, so the same bits out.
+A float32 model dequantized from a GGUF file (as the embedded default is: Q4_1 layers, a Q8_0
+embedding) keeps each linear weight that GGUF's Q4_1 or Q8_0 holds exactly in those blocks
+(cpu_linear.pack_blocks): 0.75 or 1.125 bytes a weight instead of 4, dequantized in the kernel
+to the same float32 weights, so the same bits out.
 
 A draft's packed weights may be int8 (`DRAFT_WEIGHTS`): a draft step streams its weights from
 memory after the target's have flushed the caches, and int8 halves those bytes; the target stays
@@ -38,11 +38,12 @@ class RowInvariantLinear(nn.Module):
     """A linear layer through cpu_linear's kernel. The weight is kept only in its panels, except
     a head tied to the embedding, whose rows the embedding still reads."""
 
-    def __init__(self, linear: nn.Linear, int8: bool = False,
-                 packed: cpu_linear.PackedWeight | None = None) -> None:
+    def __init__(self, linear: nn.Linear, int8: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = packed or cpu_linear.pack_weight(linear.weight.detach(), int8)
+        weight = linear.weight.detach()
+        self.packed = (None if int8 else cpu_linear.pack_blocks(weight)) or \
+            cpu_linear.pack_weight(weight, int8)
         bias = linear.bias
         self.register_buffer(
             "bias", None if bias is None else bias.detach().float().contiguous(), persistent=False
@@ -93,12 +94,8 @@ def pack_weights(
     dtype = next(model.parameters()).dtype
     if (reason := packed_reason(device, str(dtype).removeprefix("torch."))) is not None:
         raise ValueError(f"weight_format 'packed' cannot run here: {reason}")
-    projections = decoder_projections(model)
-    blocks = [cpu_linear.pack_q4(child.weight) for _, _, child in projections]
-    if not all(blocks):  # the layers take one format: the fused layers' C call reads one
-        blocks = [None] * len(projections)
-    for (parent, name, child), packed in zip(projections, blocks, strict=True):
-        setattr(parent, name, RowInvariantLinear(child, int8, packed))
+    for parent, name, child in decoder_projections(model):
+        setattr(parent, name, RowInvariantLinear(child, int8))
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
             setattr(model, name, RowInvariantLinear(child, int8))

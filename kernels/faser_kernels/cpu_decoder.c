@@ -38,7 +38,9 @@ typedef struct {
     long hidden, num_heads, num_kv_heads, head_dim, intermediate;
     float eps, scale;
     int bf16;
-    int q4; /* the layers' projections (not the prologue's) are 4-bit blocks, float32 only */
+    /* [num_layers][4]: the format of qkv, o, gate_up and down: 0 the dtype's panels, else GGUF's
+     * blocks (cpu_linear_blocks.c's codes, float32 only) */
+    const int32_t *blocks;
     /* buffers: x [n, hidden] (in: the last layer's output; out: this run's), residual [n, hidden]
      * float32 (in and out; has_residual 0 at the first layer), and scratch */
     void *x, *normed, *qkv_out, *q, *attn, *gate_up_out, *act;
@@ -66,9 +68,9 @@ typedef struct {
 } Layers;
 
 static void linear(const Layers *a, const void *x, const void *w, const float *scale,
-                   const void *bias, void *out, long n, long k, int q4) {
-    if (q4) {
-        faser_linear_q4(x, w, bias, out, a->num_tokens, n, k);
+                   const void *bias, void *out, long n, long k, int blocks) {
+    if (blocks) {
+        faser_linear_blocks(x, w, bias, out, a->num_tokens, n, k, blocks);
         return;
     }
 #ifdef __AVX512F__
@@ -107,7 +109,7 @@ static int layer(Layers *a, long l) {
                        a->residual, n, d, a->eps, a->bf16, a->bf16);
     a->has_residual = 1;
     linear(a, a->normed, a->qkv[l], a->qkv_scale[l], a->qkv_bias[l], a->qkv_out, width, d,
-           a->q4);
+           a->blocks[4 * l]);
     faser_rotary(a->qkv_out, a->positions, a->cos_table, a->sin_table, n,
                  a->num_heads + a->num_kv_heads, a->head_dim, width, a->bf16);
     store_kv(a, l);
@@ -117,13 +119,14 @@ static int layer(Layers *a, long l) {
                                      a->max_blocks, a->block_size, a->num_heads,
                                      a->num_kv_heads, a->head_dim, a->scale, a->bf16);
     if (code) return code;
-    linear(a, a->attn, a->o[l], a->o_scale[l], NULL, a->x, d, q, a->q4);
+    linear(a, a->attn, a->o[l], a->o_scale[l], NULL, a->x, d, q, a->blocks[4 * l + 1]);
     faser_add_rms_norm(a->x, a->residual, a->post_norm[l], a->normed, a->residual, n, d, a->eps,
                        a->bf16, a->bf16);
     linear(a, a->normed, a->gate_up[l], a->gate_up_scale[l], NULL, a->gate_up_out,
-           2 * a->intermediate, d, a->q4);
+           2 * a->intermediate, d, a->blocks[4 * l + 2]);
     faser_silu_mul(a->gate_up_out, a->act, n, a->intermediate, a->bf16);
-    linear(a, a->act, a->down[l], a->down_scale[l], NULL, a->x, d, a->intermediate, a->q4);
+    linear(a, a->act, a->down[l], a->down_scale[l], NULL, a->x, d, a->intermediate,
+           a->blocks[4 * l + 3]);
     return 0;
 }
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from faser_kernels import cpu_build
-from faser_kernels.cpu_linear import PackedWeight
+from faser_kernels.cpu_linear import BLOCK_FORMATS, PackedWeight
 
 _P = ctypes.c_void_p
 _PP = ctypes.POINTER(ctypes.c_void_p)
@@ -36,7 +36,7 @@ class _Layers(ctypes.Structure):
         *((name, _L) for name in ("num_tokens", "num_seqs", "max_blocks", "block_size", "hidden",
                                   "num_heads", "num_kv_heads", "head_dim", "intermediate")),
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("bf16", ctypes.c_int),
-        ("q4", ctypes.c_int),
+        ("blocks", _P),
         *((name, _P) for name in ("x", "normed", "qkv_out", "q", "attn", "gate_up_out", "act",
                                   "residual")),
         ("has_residual", ctypes.c_int),
@@ -91,14 +91,17 @@ class DecoderLayers:
         weights: dict[str, list[torch.Tensor | None]],
         final_norm: torch.Tensor,  # [hidden], the model's dtype
         dtype: torch.dtype,
+        # qkv, o, gate_up, down: per layer, GGUF's format of a weight in blocks (PackedWeight)
+        blocks: dict[str, list[str | None]] | None = None,
     ) -> None:
         self.shapes, self.dtype = shapes, dtype
         self.num_layers = len(weights["input_norm"])
-        # the projections in 4-bit blocks (uint8, cpu_linear.pack_q4): all of them or none
-        formats = {w.dtype == torch.uint8 for name in PROJECTIONS for w in weights[name]}
-        if len(formats) > 1:
-            raise ValueError("the layers' projections mix 4-bit blocks and other formats")
-        self.q4 = formats == {True}
+        blocks = blocks or {name: [None] * self.num_layers for name in PROJECTIONS}
+        # [layer, projection]: 0 the dtype's panels, else cpu_linear_blocks.c's format
+        self.blocks = torch.tensor(
+            [[BLOCK_FORMATS.get(b, 0) for b in layer]
+             for layer in zip(*(blocks[name] for name in PROJECTIONS), strict=True)],
+            dtype=torch.int32)
         self._final_norm = final_norm
         self._unit = torch.ones(shapes.hidden, dtype=dtype)  # the taps' norm weight
         pointers = {name: _pointers(ts) for name, ts in weights.items()}
@@ -154,7 +157,7 @@ class DecoderLayers:
             max_blocks=block_tables.shape[1], block_size=kv_caches[0][0].shape[1], hidden=s.hidden,
             num_heads=s.num_heads, num_kv_heads=s.num_kv_heads, head_dim=s.head_dim,
             intermediate=s.intermediate, eps=s.eps, scale=s.head_dim**-0.5,
-            bf16=int(self.dtype == torch.bfloat16), q4=int(self.q4), x=x.data_ptr(),
+            bf16=int(self.dtype == torch.bfloat16), blocks=self.blocks.data_ptr(), x=x.data_ptr(),
             normed=scratch[0].data_ptr(), qkv_out=scratch[1].data_ptr(),
             q=scratch[2].data_ptr(), attn=scratch[3].data_ptr(),
             gate_up_out=scratch[4].data_ptr(), act=scratch[5].data_ptr(),

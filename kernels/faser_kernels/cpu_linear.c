@@ -283,4 +283,4 @@ void faser_linear_i8(const void *x, const void *w, const float *scale, const flo
     run(&a, I8);
 }
 
-#include "cpu_linear_q4.c"
+#include "cpu_linear_blocks.c"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,25 +25,29 @@ import torch.nn.functional as F
 from faser_kernels import cpu_build
 
 PANEL = 32  # output columns per packed panel, as in cpu_linear.c
-Q4_BLOCK = 32  # k per 4-bit block, as in cpu_linear_q4.c (GGUF's Q4_1)
+BLOCK = 32  # k per block of GGUF's Q4_1 and Q8_0, as in cpu_linear_blocks.c
+BLOCK_FORMATS = {"q4_1": 1, "q8_0": 2}  # cpu_linear_blocks.c's codes
+SAMPLE_BLOCKS = 256
 
 
 @dataclass(frozen=True, slots=True)
 class PackedWeight:
     """A [n, k] weight in the kernel's panels (cpu_linear.c)."""
 
-    # bf16, int8: [num_panels, k / 2, PANEL, 2]; fp32: [num_panels, k, PANEL]; 4-bit blocks
-    # (uint8): [num_panels, k / Q4_BLOCK, bytes] (pack_q4)
+    # bf16, int8: [num_panels, k / 2, PANEL, 2]; fp32: [num_panels, k, PANEL]; GGUF's blocks
+    # (uint8): [num_panels, k / BLOCK, bytes] (pack_blocks)
     data: torch.Tensor
     n: int
     k: int
     scale: torch.Tensor | None = None  # [n] float32: an int8 weight's per-output scale
+    blocks: str | None = None  # a float32 weight's GGUF format (BLOCK_FORMATS), else None
 
     @property
     def dtype(self) -> torch.dtype:
-        """The inputs' (and outputs') dtype: an int8 weight takes bf16, a 4-bit one float32."""
-        return {torch.int8: torch.bfloat16, torch.uint8: torch.float32}.get(self.data.dtype,
-                                                                            self.data.dtype)
+        """The inputs' (and outputs') dtype: an int8 weight takes bf16, GGUF's blocks float32."""
+        if self.blocks is not None:
+            return torch.float32
+        return torch.bfloat16 if self.data.dtype == torch.int8 else self.data.dtype
 
 
 def unavailable_reason(dtype: torch.dtype) -> str | None:
@@ -77,55 +82,98 @@ def pack_weight(weight: torch.Tensor, int8: bool = False) -> PackedWeight:  # [n
     return PackedWeight(data.contiguous(), n, k, scale)
 
 
-def pack_q4(weight: torch.Tensor) -> PackedWeight | None:
-    """A float32 [n, k] weight whose every block of Q4_BLOCK along k is d * q + m for q in 0..15
-    (one rounding), as a checkpoint dequantized from GGUF's Q4_1 is, in 4-bit blocks
-    (cpu_linear_q4.c): per panel and block, the panel's d and m, then its q, a sixth of the
-    float32 panels' bytes for the same bits out. None for any other weight."""
-    found = q4_blocks(weight)
-    if found is None:
-        return None
-    q, d, m = found
-    (n, k), num_blocks = weight.shape, weight.shape[1] // Q4_BLOCK
-    num_panels = -(-n // PANEL)
-    pad = num_panels * PANEL - n  # zero columns: q, d and m 0
-    q = F.pad(q, (0, 0, 0, 0, 0, pad)).view(num_panels, PANEL, num_blocks, Q4_BLOCK)
-    q = q.permute(0, 2, 3, 1)  # [panel, block, k, column]
-    half = PANEL // 2
-    nibbles = q[..., :half] | (q[..., half:] << 4)  # column j low, column j + half high
-    head = F.pad(torch.stack([d, m]), (0, 0, 0, pad)).view(2, num_panels, PANEL, num_blocks)
-    head = head.permute(1, 3, 0, 2).contiguous().view(torch.uint8)  # [panel, block, 2, 4 PANEL]
-    data = torch.cat([head.reshape(num_panels, num_blocks, -1),
-                      nibbles.reshape(num_panels, num_blocks, -1)], dim=-1)
-    return PackedWeight(data.contiguous(), n, k)
-
-
-def q4_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(q [n, k / Q4_BLOCK, Q4_BLOCK] uint8, d, m [n, k / Q4_BLOCK] float32) with
-    fma(q, d, m) == weight bit for bit in every block; None when some block has none. m is a
-    block's least weight (its q is 0); d, a float16 in GGUF, is the float16 nearest
-    (max - min) / 15 or one of its neighbours."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % Q4_BLOCK:
+def pack_blocks(weight: torch.Tensor) -> PackedWeight | None:
+    """A float32 [n, k] weight that GGUF's Q4_1 or Q8_0 holds exactly, as a checkpoint dequantized
+    from such a file does, in those blocks (cpu_linear_blocks.c): per panel and block of BLOCK k,
+    the panel's scales in float32, then its q: 0.75 (Q4_1) or 1.125 (Q8_0) bytes a weight against
+    float32's 4, for the same bits out. None for any other weight."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK:
         return None
     n, k = weight.shape
-    w = weight.detach().reshape(-1, Q4_BLOCK)  # [blocks, Q4_BLOCK]
+    blocks = weight.detach().reshape(-1, BLOCK)
+    for name, find in (("q4_1", _q4_1), ("q8_0", _q8_0)):
+        # a few blocks first: a weight of no such file fails there, at a small part of the cost
+        if find(blocks[:SAMPLE_BLOCKS]) is not None and (found := find(blocks)) is not None:
+            return PackedWeight(_panels(n, k, *found), n, k, blocks=name)
+    return None
+
+
+def unpack_blocks(weight: PackedWeight) -> torch.Tensor:
+    """The float32 [n, k] weight that GGUF's blocks hold: the kernel's twin reads it."""
+    num_panels, num_blocks, _ = weight.data.shape
+    num_scales = 2 if weight.blocks == "q4_1" else 1
+    head = weight.data[..., : num_scales * 4 * PANEL].contiguous().view(torch.float32)
+    scales = head.view(num_panels, num_blocks, num_scales, 1, PANEL).unbind(dim=2)
+    body = weight.data[..., num_scales * 4 * PANEL :].reshape(num_panels, num_blocks, BLOCK, -1)
+    if weight.blocks == "q4_1":
+        q = torch.cat([body & 0x0F, body >> 4], dim=-1).float()
+        w = q * scales[0] + scales[1]
+    else:
+        w = body.contiguous().view(torch.int8).float() * scales[0]
+    # [panel, block, k, column] -> [n, k]
+    w = w.permute(0, 3, 1, 2).reshape(num_panels * PANEL, num_blocks * BLOCK)
+    return w[: weight.n].contiguous()
+
+
+def _q4_1(w: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], Callable] | None:
+    """Q4_1: q 0..15 with fma(q, d, m) the weight's bits; m is a block's least weight (q 0), d a
+    float16. q as bytes, column j's in the low nibble and column j + PANEL / 2's in the high."""
     m = w.amin(dim=-1)
-    guess = ((w.amax(dim=-1).double() - m.double()) / 15).to(torch.float16).view(torch.int16)
-    q_found = torch.zeros(w.shape, dtype=torch.uint8)
-    d_found = torch.zeros_like(m)
+    found = _scaled(w, (w.amax(dim=-1).double() - m.double()) / 15, m, 0, 15)
+    if found is None:
+        return None
+    q, d = found
+    half = PANEL // 2
+    return q, [d, m], lambda q: q[..., :half] | (q[..., half:] << 4)
+
+
+def _q8_0(w: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], Callable] | None:
+    """Q8_0: q -128..127 with d * q (exact) the weight's bits; d a float16."""
+    found = _scaled(w, w.abs().amax(dim=-1).double() / 127, torch.zeros(len(w)), -128, 127)
+    if found is None:
+        return None
+    q, d = found
+    return q, [d], lambda q: q.view(torch.uint8)
+
+
+def _scaled(w: torch.Tensor, step: torch.Tensor, m: torch.Tensor, lo: int,
+            hi: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(q [blocks, BLOCK] in [lo, hi], d [blocks]) with q * d + m == w bit for bit in every block,
+    d the float16 nearest `step` or one of its neighbours (GGUF stores d in float16); None when a
+    block has none. q * d is exact (at most 8 bits times float16's 11), so q * d + m rounds once,
+    as the kernel's FMA does."""
+    guess = step.to(torch.float16).view(torch.int16)
+    q_found = torch.zeros(w.shape, dtype=torch.int8 if lo < 0 else torch.uint8)
+    d_found = torch.zeros(len(w))
     left = torch.arange(len(w))  # blocks without a d yet
     for ulps in (0, -1, 1, -2, 2):
         d = (guess[left] + ulps).clamp_min(0).view(torch.float16).float()[:, None]
-        base = m[left, None]
-        q = torch.nan_to_num((w[left] - base) / d).round().clamp(0, 15)
-        # q * d is exact (4 bits times float16's 11), so this rounds once, as the FMA does
-        exact = ((q * d + base).view(torch.int32) == w[left].view(torch.int32)).all(dim=-1)
-        q_found[left[exact]], d_found[left[exact]] = q[exact].to(torch.uint8), d[exact, 0]
+        base, target = m[left, None], w[left]
+        q = torch.nan_to_num((target - base) / d).round().clamp(lo, hi)
+        exact = ((q * d + base).view(torch.int32) == target.view(torch.int32)).all(dim=-1)
+        q_found[left[exact]], d_found[left[exact]] = q[exact].to(q_found.dtype), d[exact, 0]
         left = left[~exact]
         if not len(left):
-            shape = (n, k // Q4_BLOCK)
-            return q_found.view(*shape, Q4_BLOCK), d_found.view(shape), m.view(shape)
+            return q_found, d_found
+        if 2 * len(left) > len(w):  # GGUF's d is the nearest float16 for nearly every block
+            return None
     return None
+
+
+def _panels(n: int, k: int, q: torch.Tensor, scales: list[torch.Tensor],
+            to_bytes: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """[num_panels, k / BLOCK, bytes]: per panel and block, each of `scales` for the panel's
+    columns (float32), then the block's k rows of the columns' q as `to_bytes` lays them out."""
+    num_blocks, num_panels = k // BLOCK, -(-n // PANEL)
+    pad = num_panels * PANEL - n  # zero columns: q and every scale 0
+    q = F.pad(q.view(n, num_blocks, BLOCK), (0, 0, 0, 0, 0, pad))
+    q = q.view(num_panels, PANEL, num_blocks, BLOCK).permute(0, 2, 3, 1)  # [panel, block, k, col]
+    head = F.pad(torch.stack(scales).view(len(scales), n, num_blocks), (0, 0, 0, pad))
+    head = head.view(len(scales), num_panels, PANEL, num_blocks).permute(1, 3, 0, 2)
+    head = head.contiguous().view(torch.uint8)  # [panel, block, scale, 4 PANEL]
+    body = to_bytes(q.contiguous())
+    return torch.cat([head.reshape(num_panels, num_blocks, -1),
+                      body.reshape(num_panels, num_blocks, -1)], dim=-1).contiguous()
 
 
 def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,12 +201,12 @@ def linear(
         _library().faser_linear_i8(x.data_ptr(), weight.data.data_ptr(), weight.scale.data_ptr(),
                                    b, out.data_ptr(), m, weight.n, weight.k)
         return out
-    if weight.data.dtype == torch.uint8:
-        run = _library().faser_linear_q4
-    elif x.dtype == torch.bfloat16:
-        run = _library().faser_linear_bf16
-    else:
-        run = _library().faser_linear_f32
+    if weight.blocks is not None:
+        _library().faser_linear_blocks(x.data_ptr(), weight.data.data_ptr(), b, out.data_ptr(), m,
+                                       weight.n, weight.k, BLOCK_FORMATS[weight.blocks])
+        return out
+    run = _library().faser_linear_bf16 if x.dtype == torch.bfloat16 else \
+        _library().faser_linear_f32
     run(x.data_ptr(), weight.data.data_ptr(), b, out.data_ptr(), m, weight.n, weight.k)
     return out
 
@@ -187,7 +235,7 @@ def _library() -> ctypes.CDLL:
         "faser_linear_bf16": [ptr] * 4 + [long] * 3,
         "faser_linear_f32": [ptr] * 4 + [long] * 3,
         "faser_linear_i8": [ptr] * 5 + [long] * 3,
-        "faser_linear_q4": [ptr] * 4 + [long] * 3,
+        "faser_linear_blocks": [ptr] * 4 + [long] * 3 + [ctypes.c_int],
     }
     for name, argtypes in signatures.items():
         if hasattr(lib, name):

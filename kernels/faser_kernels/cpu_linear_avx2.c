@@ -88,4 +88,4 @@ void faser_linear_f32(const float *x, const float *w, const float *bias, float *
 
 int faser_linear_uses_amx(void) { return 0; }
 
-#include "cpu_linear_q4.c"
+#include "cpu_linear_blocks.c"

@@ -15,7 +15,7 @@ import pytest
 from faser_kernels import cpu_build
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_linear_q4.py",
+TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_linear_blocks.py",
          "tests/kernels/test_cpu_attention.py",
          "tests/kernels/test_cpu_ops.py", "tests/engine/test_fused_layers.py",
          "tests/engine/test_exactness.py"]

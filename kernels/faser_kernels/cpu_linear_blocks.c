@@ -1,0 +1,170 @@
+/* Row-invariant float32 linear layers over weights held in GGUF's blocks, for x86 CPUs with AVX2
+ * and FMA (AVX-512 CPUs have both): out[m, n] = x[m, :] . w[n, :] + b[n], included by
+ * cpu_linear.c and cpu_linear_avx2.c.
+ *
+ * A checkpoint dequantized from a GGUF file holds, in every block of 32 weights along k, the
+ * float32 values its quantization gives: d * q + m for q in 0..15 (Q4_1, one rounding of an exact
+ * product), or d * q for q in -128..127 (Q8_0, exact). Such a weight is packed
+ * (cpu_linear.pack_blocks) as, per panel of PANEL outputs and block of BLOCK k, the panel's d (and
+ * m) in float32 and its q, 0.75 (1.125) bytes a weight against float32's 4; pack_blocks checks
+ * that the dequantization below gives back every weight's bits. A thread dequantizes CHUNK blocks
+ * of a panel into a buffer that stays in L1 and walks the float32 kernel's k loop over it: every
+ * output is one accumulator walking k in order, as in the float32 kernels, so the bits are theirs
+ * over the same float32 weights, and row m of an M-row call has those of a one-row call. The
+ * accumulators wait in memory between chunks, which stores and reloads them exactly. */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 }; /* cpu_linear.BLOCK_FORMATS */
+
+#define BLOCK 32
+#define SCALES (PANEL * (long)sizeof(float))
+#define Q4_BYTES (2 * SCALES + BLOCK * PANEL / 2) /* d, m, then BLOCK rows of PANEL nibbles */
+#define Q8_BYTES (SCALES + BLOCK * PANEL)         /* d, then BLOCK rows of PANEL bytes */
+#define CHUNK 4                                   /* blocks per buffer: 16 KB of float32 */
+#define ACC_ROWS 48                               /* rows a thread's accumulators hold */
+#define GROUP 3                                   /* rows walked at once: 12 accumulators */
+
+#define TO_FLOAT(v) _mm256_cvtepi32_ps(v)
+
+/* Q4_1: byte j of a k row holds column j's q in its low nibble and column j + 16's in its high
+ * one; w = fma(q, d, m). */
+static inline void q4_1_dequantize(const uint8_t *block, float *buf) {
+    const float *d = (const float *)block, *m = d + PANEL;
+    const uint8_t *q = block + 2 * SCALES;
+    __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+    __m256 d2 = _mm256_loadu_ps(d + 16), d3 = _mm256_loadu_ps(d + 24);
+    __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
+    __m256 m2 = _mm256_loadu_ps(m + 16), m3 = _mm256_loadu_ps(m + 24);
+    const __m128i low = _mm_set1_epi8(0x0F);
+    for (long k = 0; k < BLOCK; k++) {
+        __m128i bytes = _mm_loadu_si128((const __m128i *)(q + k * PANEL / 2));
+        __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        float *row = buf + k * PANEL;
+        _mm256_storeu_ps(row, _mm256_fmadd_ps(TO_FLOAT(_mm256_cvtepu8_epi32(lo)), d0, m0));
+        _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(
+            TO_FLOAT(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d1, m1));
+        _mm256_storeu_ps(row + 16, _mm256_fmadd_ps(TO_FLOAT(_mm256_cvtepu8_epi32(hi)), d2, m2));
+        _mm256_storeu_ps(row + 24, _mm256_fmadd_ps(
+            TO_FLOAT(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d3, m3));
+    }
+}
+
+/* Q8_0: a k row's PANEL signed bytes; w = d * q. */
+static inline void q8_0_dequantize(const uint8_t *block, float *buf) {
+    const float *d = (const float *)block;
+    const int8_t *q = (const int8_t *)(block + SCALES);
+    __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+    __m256 d2 = _mm256_loadu_ps(d + 16), d3 = _mm256_loadu_ps(d + 24);
+    for (long k = 0; k < BLOCK; k++) {
+        const int8_t *qk = q + k * PANEL;
+        float *row = buf + k * PANEL;
+#define Q8_COLUMNS(c) TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + c))))
+        _mm256_storeu_ps(row, _mm256_mul_ps(Q8_COLUMNS(0), d0));
+        _mm256_storeu_ps(row + 8, _mm256_mul_ps(Q8_COLUMNS(8), d1));
+        _mm256_storeu_ps(row + 16, _mm256_mul_ps(Q8_COLUMNS(16), d2));
+        _mm256_storeu_ps(row + 24, _mm256_mul_ps(Q8_COLUMNS(24), d3));
+#undef Q8_COLUMNS
+    }
+}
+
+#define BLOCK_FMA(r, i)                                                                            \
+    if (ROWS > i) {                                                                                \
+        __m256 xb = _mm256_broadcast_ss(x + (i) * ldx + k);                                        \
+        r##0 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk), r##0);                                     \
+        r##1 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk + 8), r##1);                                 \
+        r##2 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk + 16), r##2);                                \
+        r##3 = _mm256_fmadd_ps(xb, _mm256_loadu_ps(wk + 24), r##3);                                \
+    }
+#define BLOCK_LOAD(r, i)                                                                           \
+    if (ROWS > i) {                                                                                \
+        r##0 = _mm256_loadu_ps(acc + (i) * PANEL);                                                 \
+        r##1 = _mm256_loadu_ps(acc + (i) * PANEL + 8);                                             \
+        r##2 = _mm256_loadu_ps(acc + (i) * PANEL + 16);                                            \
+        r##3 = _mm256_loadu_ps(acc + (i) * PANEL + 24);                                            \
+    }
+#define BLOCK_STORE(r, i)                                                                          \
+    if (ROWS > i) {                                                                                \
+        _mm256_storeu_ps(acc + (i) * PANEL, r##0);                                                 \
+        _mm256_storeu_ps(acc + (i) * PANEL + 8, r##1);                                             \
+        _mm256_storeu_ps(acc + (i) * PANEL + 16, r##2);                                            \
+        _mm256_storeu_ps(acc + (i) * PANEL + 24, r##3);                                            \
+    }
+
+/* ROWS rows (x, ldx apart, at the chunk's first k) over the chunk's kc k of buf, their
+ * accumulators acc [ROWS, PANEL] in and out. */
+static inline __attribute__((always_inline)) void block_rows(const float *x, long ldx,
+                                                             const float *buf, long kc,
+                                                             float *acc, const int ROWS) {
+    __m256 a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3;
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = _mm256_setzero_ps();
+    BLOCK_LOAD(a, 0) BLOCK_LOAD(b, 1) BLOCK_LOAD(c, 2)
+    for (long k = 0; k < kc; k++) {
+        const float *wk = buf + k * PANEL;
+        BLOCK_FMA(a, 0) BLOCK_FMA(b, 1) BLOCK_FMA(c, 2)
+    }
+    BLOCK_STORE(a, 0) BLOCK_STORE(b, 1) BLOCK_STORE(c, 2)
+}
+
+typedef struct {
+    const float *x;
+    const uint8_t *w;
+    const float *bias;
+    float *out;
+    long m, n, k, block_bytes;
+    int format;
+} Blocks;
+
+/* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS. */
+static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf, float *acc) {
+    long num_blocks = a->k / BLOCK;
+    const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
+    memset(acc, 0, rows * PANEL * sizeof(float));
+    for (long b0 = 0; b0 < num_blocks; b0 += CHUNK) {
+        long nb = num_blocks - b0 < CHUNK ? num_blocks - b0 : CHUNK;
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *block = panel + (b0 + b) * a->block_bytes;
+            if (a->format == BLOCKS_Q4_1)
+                q4_1_dequantize(block, buf + b * BLOCK * PANEL);
+            else
+                q8_0_dequantize(block, buf + b * BLOCK * PANEL);
+        }
+        long kc = nb * BLOCK;
+        for (long r = 0; r < rows; r += GROUP) {
+            const float *xr = a->x + (m0 + r) * a->k + b0 * BLOCK;
+            long g = rows - r < GROUP ? rows - r : GROUP;
+            if (g == 1)
+                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 1);
+            else if (g == 2)
+                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 2);
+            else
+                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 3);
+        }
+    }
+    long n0 = p * PANEL, cols = a->n - n0 < PANEL ? a->n - n0 : PANEL;
+    for (long r = 0; r < rows; r++) {
+        float *sums = acc + r * PANEL;
+        if (a->bias)
+            for (long c = 0; c < cols; c++) sums[c] += a->bias[n0 + c];
+        memcpy(a->out + (m0 + r) * a->n + n0, sums, cols * sizeof(float));
+    }
+}
+
+/* x [m, k], w packed by pack_blocks in `format` (k a multiple of BLOCK), bias [n] or NULL,
+ * out [m, n]. */
+void faser_linear_blocks(const float *x, const uint8_t *w, const float *bias, float *out, long m,
+                         long n, long k, int format) {
+    Blocks a = {x, w, bias, out, m, n, k, format == BLOCKS_Q4_1 ? Q4_BYTES : Q8_BYTES, format};
+    long num_panels = (n + PANEL - 1) / PANEL;
+#pragma omp parallel
+    {
+        float buf[CHUNK * BLOCK * PANEL] __attribute__((aligned(64)));
+        float acc[ACC_ROWS * PANEL] __attribute__((aligned(64)));
+#pragma omp for schedule(dynamic, 1)
+        for (long p = 0; p < num_panels; p++)
+            for (long m0 = 0; m0 < m; m0 += ACC_ROWS)
+                blocks_panel(&a, m0, m - m0 < ACC_ROWS ? m - m0 : ACC_ROWS, p, buf, acc);
+    }
+}
