@@ -23,7 +23,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -31,6 +33,7 @@ from benchmarks.common import DEFAULT_PROMPTS, chat_ids, interleaved, print_tabl
 from benchmarks.step_profile import PARTS, profile_steps, read_bandwidth, weight_bytes
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
+from faser_kernels import cpu_linear
 
 FORWARD_TOKENS = (1, 2, 3, 4, 5, 8, 9, 16, 32)  # 2: a k = 1 verification
 CONTEXT = 300
@@ -43,7 +46,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--model", default=None)
     ap.add_argument("--draft-model", default=None)
     ap.add_argument("--variants", default="bf16-packed,fp32-packed",
-                    help="DTYPE-LAYOUT side by side: bf16 or fp32, packed or dense weights")
+                    help="DTYPE-LAYOUT side by side: bf16 or fp32, packed or dense weights; "
+                    "suffixes -unfused, -panels (make_engine)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch-sizes", default="1,16")
@@ -59,13 +63,19 @@ def parse_args() -> argparse.Namespace:
 
 
 def make_engine(args: argparse.Namespace, variant: str) -> LLM:
-    """DTYPE-LAYOUT, and a suffix `-unfused` for the layer-by-layer path where the layers would
-    otherwise run as one C call (faser_kernels.cpu_decoder)."""
-    dtype, _, weight_format = variant.removesuffix("-unfused").partition("-")
-    llm = LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
-              num_threads=args.threads, weight_format=weight_format or "auto",
-              dtype=DTYPES.get(dtype, dtype), max_num_seqs=32,
-              prefix_caching=False)  # the repeats send the same prompts (and so does the peer)
+    """DTYPE-LAYOUT, and suffixes: `-unfused` for the layer-by-layer path where the layers would
+    otherwise run as one C call (faser_kernels.cpu_decoder); `-panels` for float32 panels where
+    GGUF's blocks hold a weight (cpu_linear.pack_blocks; the same bits, four to six times the
+    bytes)."""
+    base = variant.removesuffix("-unfused").removesuffix("-panels")
+    dtype, _, weight_format = base.partition("-")
+    blocks = nullcontext() if "-panels" not in variant else \
+        patch.object(cpu_linear, "pack_blocks", lambda weight: None)
+    with blocks:
+        llm = LLM(args.model, draft_model=args.draft_model, spec=SpecConfig(policy="off"),
+                  num_threads=args.threads, weight_format=weight_format or "auto",
+                  dtype=DTYPES.get(dtype, dtype), max_num_seqs=32,
+                  prefix_caching=False)  # the repeats send the same prompts (and the peer)
     if variant.endswith("-unfused"):
         llm.engine.pair.target.fused_layers = None
     return llm
