@@ -30,7 +30,7 @@ enum { BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 }; /* cpu_linear.BLOCK_FORMATS */
 #define TO_FLOAT(v) _mm256_cvtepi32_ps(v)
 
 /* Q4_1: byte j of a k row holds column j's q in its low nibble and column j + 16's in its high
- * one; w = fma(q, d, m). */
+ * one, so eight bytes widened to eight lanes give two columns' vectors; w = fma(q, d, m). */
 static inline void q4_1_dequantize(const uint8_t *block, float *buf) {
     const float *d = (const float *)block, *m = d + PANEL;
     const uint8_t *q = block + 2 * SCALES;
@@ -38,17 +38,16 @@ static inline void q4_1_dequantize(const uint8_t *block, float *buf) {
     __m256 d2 = _mm256_loadu_ps(d + 16), d3 = _mm256_loadu_ps(d + 24);
     __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
     __m256 m2 = _mm256_loadu_ps(m + 16), m3 = _mm256_loadu_ps(m + 24);
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi32(0x0F);
     for (long k = 0; k < BLOCK; k++) {
-        __m128i bytes = _mm_loadu_si128((const __m128i *)(q + k * PANEL / 2));
-        __m128i lo = _mm_and_si128(bytes, low), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        const uint8_t *qk = q + k * PANEL / 2;
+        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qk));
+        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8)));
         float *row = buf + k * PANEL;
-        _mm256_storeu_ps(row, _mm256_fmadd_ps(TO_FLOAT(_mm256_cvtepu8_epi32(lo)), d0, m0));
-        _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(
-            TO_FLOAT(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d1, m1));
-        _mm256_storeu_ps(row + 16, _mm256_fmadd_ps(TO_FLOAT(_mm256_cvtepu8_epi32(hi)), d2, m2));
-        _mm256_storeu_ps(row + 24, _mm256_fmadd_ps(
-            TO_FLOAT(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d3, m3));
+        _mm256_storeu_ps(row, _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b0, low)), d0, m0));
+        _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b1, low)), d1, m1));
+        _mm256_storeu_ps(row + 16, _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b0, 4)), d2, m2));
+        _mm256_storeu_ps(row + 24, _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b1, 4)), d3, m3));
     }
 }
 
