@@ -63,6 +63,7 @@ typedef struct {
     const int64_t *ids;
     const void *embed, *features, *fuse, *fc;
     const float *fuse_scale, *fc_scale;
+    int fuse_blocks, fc_blocks; /* as `blocks` */
     long feature_dim;
     void *joined;
 } Layers;
@@ -140,7 +141,8 @@ static void prologue(const Layers *a) {
         memcpy(joined + t * row, (const char *)a->embed + a->ids[t] * d * elem, d * elem);
     if (a->fuse) {
         char *fused = joined + n * row; /* scratch past the joined rows */
-        linear(a, a->features, a->fuse, a->fuse_scale, NULL, fused, d, a->feature_dim, 0);
+        linear(a, a->features, a->fuse, a->fuse_scale, NULL, fused, d, a->feature_dim,
+               a->fuse_blocks);
         for (long t = 0; t < n; t++)
             memcpy(joined + t * row + d * elem, fused + t * d * elem, d * elem);
     } else {
@@ -148,7 +150,7 @@ static void prologue(const Layers *a) {
             memcpy(joined + t * row + d * elem, (const char *)a->features + t * d * elem,
                    d * elem);
     }
-    linear(a, joined, a->fc, a->fc_scale, NULL, a->x, d, 2 * d, 0);
+    linear(a, joined, a->fc, a->fc_scale, NULL, a->x, d, 2 * d, a->fc_blocks);
 }
 
 /* The prologue if any, layers [0, num_layers) with their taps and the final norm; 0, or the

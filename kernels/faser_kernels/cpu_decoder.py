@@ -44,6 +44,7 @@ class _Layers(ctypes.Structure):
         ("final_norm", _P), ("final_out", _P), ("summed", _P),
         *((name, _P) for name in ("ids", "embed", "features", "fuse", "fc", "fuse_scale",
                                   "fc_scale")),
+        ("fuse_blocks", ctypes.c_int), ("fc_blocks", ctypes.c_int),
         ("feature_dim", _L), ("joined", _P),
     ]
 
@@ -66,6 +67,7 @@ class Prologue:
             features=self.features.data_ptr(), fuse=fuse.data.data_ptr() if fuse else None,
             fc=fc.data.data_ptr(), feature_dim=self.features.shape[1],
             fuse_scale=_scale(fuse), fc_scale=_scale(fc), joined=joined.data_ptr(),
+            fuse_blocks=_blocks(fuse), fc_blocks=_blocks(fc),
         )
 
 
@@ -99,7 +101,7 @@ class DecoderLayers:
         blocks = blocks or {name: [None] * self.num_layers for name in PROJECTIONS}
         # [layer, projection]: 0 the dtype's panels, else cpu_linear_blocks.c's format
         self.blocks = torch.tensor(
-            [[BLOCK_FORMATS.get(b, 0) for b in layer]
+            [[BLOCK_FORMATS[b] if b else 0 for b in layer]
              for layer in zip(*(blocks[name] for name in PROJECTIONS), strict=True)],
             dtype=torch.int32)
         self._final_norm = final_norm
@@ -170,6 +172,11 @@ class DecoderLayers:
         if code != 0:
             raise RuntimeError(f"cpu decoder layers failed ({code})")
         return out, tapped
+
+
+def _blocks(weight: PackedWeight | None) -> int:
+    """cpu_linear_blocks.c's code of a weight in GGUF's blocks; 0 for the dtype's panels."""
+    return BLOCK_FORMATS[weight.blocks] if weight is not None and weight.blocks else 0
 
 
 def _scale(weight: PackedWeight | None) -> int | None:
