@@ -35,15 +35,15 @@ DRAFT_WEIGHTS = ("auto", "same", "int8")
 
 
 class RowInvariantLinear(nn.Module):
-    """A linear layer through cpu_linear's kernel. The weight is kept only in its panels, except
-    a head tied to the embedding, whose rows the embedding still reads."""
+    """A linear layer through cpu_linear's kernel. The weight is kept only in its panels (or
+    GGUF's blocks), except a head tied to the embedding, whose rows the embedding still reads."""
 
     def __init__(self, linear: nn.Linear, int8: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        self.packed = (None if int8 else cpu_linear.pack_blocks(weight)) or \
-            cpu_linear.pack_weight(weight, int8)
+        blocks = None if int8 else cpu_linear.pack_blocks(weight)
+        self.packed = blocks if blocks is not None else cpu_linear.pack_weight(weight, int8)
         bias = linear.bias
         self.register_buffer(
             "bias", None if bias is None else bias.detach().float().contiguous(), persistent=False
