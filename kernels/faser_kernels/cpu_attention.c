@@ -15,6 +15,7 @@
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
+#include "cpu_tiles.h"
 #include "cpu_vec.h"
 #include <math.h>
 #include <omp.h>
@@ -201,11 +202,7 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     Attention a = {q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, num_seqs,
                    max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale, bf16};
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
-    for (long s = 0; s < num_seqs; s++) {
-        num_tiles += (cu_seqlens_q[s + 1] - cu_seqlens_q[s] + TILE - 1) / TILE;
-        longest = seq_lens[s] > longest ? seq_lens[s] : longest;
-    }
-    long *tiles = malloc(sizeof(long) * 2 * (num_tiles ? num_tiles : 1)); /* (seq, t0) */
+    long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
     long width = longest + 16, per_thread = TILE * group * (width + 16 * MAX_CHUNKS);
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
     if (!tiles || !scratch) {
@@ -213,9 +210,6 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
         free(scratch);
         return -2;
     }
-    for (long s = 0, i = 0; s < num_seqs; s++)
-        for (long t = cu_seqlens_q[s]; t < cu_seqlens_q[s + 1]; t += TILE, i++)
-            tiles[2 * i] = s, tiles[2 * i + 1] = t;
     /* a query's bits depend on its own inputs only, so how tiles are shared out is free */
 #pragma omp parallel for schedule(dynamic, 1)
     for (long item = 0; item < num_tiles * num_kv_heads; item++) {

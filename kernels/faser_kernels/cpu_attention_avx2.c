@@ -16,6 +16,7 @@
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
+#include "cpu_tiles.h"
 #include "cpu_vec_avx2.h"
 #include <math.h>
 #include <omp.h>
@@ -190,11 +191,7 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
                    num_kv_heads, head_dim, scale};
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
     if (group > MAX_GROUP) return -1;
-    for (long s = 0; s < num_seqs; s++) {
-        num_tiles += (cu_seqlens_q[s + 1] - cu_seqlens_q[s] + TILE - 1) / TILE;
-        longest = seq_lens[s] > longest ? seq_lens[s] : longest;
-    }
-    long *tiles = malloc(sizeof(long) * 2 * (num_tiles ? num_tiles : 1)); /* (seq, t0) */
+    long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
     long width = (longest + LANES) / LANES * LANES, per_thread = TILE * group * (width + head_dim);
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
     if (!tiles || !scratch) {
@@ -202,9 +199,6 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
         free(scratch);
         return -2;
     }
-    for (long s = 0, i = 0; s < num_seqs; s++)
-        for (long t = cu_seqlens_q[s]; t < cu_seqlens_q[s + 1]; t += TILE, i++)
-            tiles[2 * i] = s, tiles[2 * i + 1] = t;
     /* a query's bits depend on its own inputs only, so how tiles are shared out is free */
 #pragma omp parallel for schedule(dynamic, 1)
     for (long item = 0; item < num_tiles * num_kv_heads; item++) {

@@ -11,13 +11,16 @@
  * of a panel into a buffer that stays in L1 and walks the float32 kernel's k loop over it: every
  * output is one accumulator walking k in order, as in the float32 kernels, so the bits are theirs
  * over the same float32 weights, and row m of an M-row call has those of a one-row call. The
- * accumulators wait in memory between chunks, which stores and reloads them exactly. */
+ * accumulators wait in memory between chunks, which stores and reloads them exactly. The AVX2
+ * build's float32 kernel is the same walk over the float32 panel itself (PANELS_F32). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
-enum { BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 }; /* cpu_linear.BLOCK_FORMATS */
+/* cpu_linear.BLOCK_FORMATS; PANELS_F32: float32 panels [num_panels, K, PANEL], walked in place
+ * (cpu_linear_avx2.c's float32 kernel) */
+enum { PANELS_F32 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 };
 
 #define BLOCK 32
 #define SCALES (PANEL * (long)sizeof(float))
@@ -116,30 +119,39 @@ typedef struct {
     int format;
 } Blocks;
 
+/* Rows [m0, m0 + rows) over kc k from k0, of w [kc, PANEL]: GROUP rows at a time. */
+static void walk(const Blocks *a, long m0, long rows, const float *w, long k0, long kc,
+                 float *acc) {
+    for (long r = 0; r < rows; r += GROUP) {
+        const float *xr = a->x + (m0 + r) * a->k + k0;
+        long g = rows - r < GROUP ? rows - r : GROUP;
+        if (g == 1)
+            block_rows(xr, a->k, w, kc, acc + r * PANEL, 1);
+        else if (g == 2)
+            block_rows(xr, a->k, w, kc, acc + r * PANEL, 2);
+        else
+            block_rows(xr, a->k, w, kc, acc + r * PANEL, 3);
+    }
+}
+
 /* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS. */
 static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf, float *acc) {
-    long num_blocks = a->k / BLOCK;
-    const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
     memset(acc, 0, rows * PANEL * sizeof(float));
-    for (long b0 = 0; b0 < num_blocks; b0 += CHUNK) {
-        long nb = num_blocks - b0 < CHUNK ? num_blocks - b0 : CHUNK;
-        for (long b = 0; b < nb; b++) {
-            const uint8_t *block = panel + (b0 + b) * a->block_bytes;
-            if (a->format == BLOCKS_Q4_1)
-                q4_1_dequantize(block, buf + b * BLOCK * PANEL);
-            else
-                q8_0_dequantize(block, buf + b * BLOCK * PANEL);
-        }
-        long kc = nb * BLOCK;
-        for (long r = 0; r < rows; r += GROUP) {
-            const float *xr = a->x + (m0 + r) * a->k + b0 * BLOCK;
-            long g = rows - r < GROUP ? rows - r : GROUP;
-            if (g == 1)
-                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 1);
-            else if (g == 2)
-                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 2);
-            else
-                block_rows(xr, a->k, buf, kc, acc + r * PANEL, 3);
+    if (a->format == PANELS_F32) {
+        walk(a, m0, rows, (const float *)a->w + p * a->k * PANEL, 0, a->k, acc);
+    } else {
+        long num_blocks = a->k / BLOCK;
+        const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
+        for (long b0 = 0; b0 < num_blocks; b0 += CHUNK) {
+            long nb = num_blocks - b0 < CHUNK ? num_blocks - b0 : CHUNK;
+            for (long b = 0; b < nb; b++) {
+                const uint8_t *block = panel + (b0 + b) * a->block_bytes;
+                if (a->format == BLOCKS_Q4_1)
+                    q4_1_dequantize(block, buf + b * BLOCK * PANEL);
+                else
+                    q8_0_dequantize(block, buf + b * BLOCK * PANEL);
+            }
+            walk(a, m0, rows, buf, b0 * BLOCK, nb * BLOCK, acc);
         }
     }
     long n0 = p * PANEL, cols = a->n - n0 < PANEL ? a->n - n0 : PANEL;
@@ -151,8 +163,8 @@ static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf
     }
 }
 
-/* x [m, k], w packed by pack_blocks in `format` (k a multiple of BLOCK), bias [n] or NULL,
- * out [m, n]. */
+/* x [m, k], w packed by pack_blocks in `format` (k a multiple of BLOCK) or, PANELS_F32, by
+ * pack_weight in float32, bias [n] or NULL, out [m, n]. */
 void faser_linear_blocks(const float *x, const uint8_t *w, const float *bias, float *out, long m,
                          long n, long k, int format) {
     Blocks a = {x, w, bias, out, m, n, k, format == BLOCKS_Q4_1 ? Q4_BYTES : Q8_BYTES, format};
