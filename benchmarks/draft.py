@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
     parser.add_argument("--draft-weights", default="auto", choices=DRAFT_WEIGHTS,
-                        help="the draft's weights: int8 (packed bf16 only), or the target's")
+                        help="the draft's weights: int8 (packed bf16), q8_0 (packed float32), "
+                        "or the target's")
     parser.add_argument("--prompt-lookup", action=argparse.BooleanOptionalAction, default=True,
                         help="greedy guesses from earlier occurrences of the newest tokens too")
     parser.add_argument("--timing-repeats", type=int, default=30)

@@ -37,9 +37,10 @@ class AppArgs(BaseModel):
     # how linear weights are laid out (faser/runner/weights.py); "auto": the row-invariant
     # CPU kernel's "packed" panels where it runs, else torch's "dense" linear
     weight_format: Literal["auto", "dense", "packed"] = "auto"
-    # the draft's weights: "int8" halves the bytes a draft step reads (packed bf16 only); the
-    # output never changes, only how often drafts are accepted; "auto": "int8" where it runs
-    draft_weights: Literal["auto", "same", "int8"] = "auto"
+    # the draft's weights: "int8" (packed bf16) or "q8_0" (packed float32) cut the bytes a draft
+    # step reads; the output never changes, only how often drafts are accepted; "auto": the one
+    # that runs
+    draft_weights: Literal["auto", "same", "int8", "q8_0"] = "auto"
     seed: int = 0
     # the deployment's default SLO, for requests that bring none (SLO-aware speculation)
     slo_tpot_ms: float | None = Field(default=None, gt=0)

@@ -75,7 +75,8 @@ class EngineConfig:
     # kernel's panels), "dense" (torch's linear), or "auto": "packed" where it runs
     weight_format: str = "auto"
     # the draft's weights (faser/runner/weights.py): "int8" (half the bytes a draft step streams;
-    # packed bf16 only), "same" (the target's layout and dtype), or "auto": "int8" where it runs
+    # packed bf16 only), "q8_0" (GGUF's Q8_0 blocks, 0.28x the bytes; packed float32 only),
+    # "same" (the target's layout and dtype), or "auto": the one that runs, else "same"
     draft_weights: str = "auto"
     # (target, draft) intra-op threads of the two lanes the overlap mode runs on, on a CPU;
     # None: split the engine's threads (no lanes, so no overlap, with fewer than two)

@@ -27,7 +27,7 @@ class ModelPair:
     draft_dir: Path | None
     runner_options: RunnerOptions  # how both models' forwards run (compile, CUDA graphs)
     weight_format: str = "dense"  # the layout both models' weights were packed in ("auto" decided)
-    draft_weights: str = "same"  # "int8" when the draft's packed weights are ("auto" decided)
+    draft_weights: str = "same"  # "int8" or "q8_0" when the draft's weights are quantized
 
 
 def resolve(path: str | None, kind: str) -> Path:
@@ -65,7 +65,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     draft_weights = resolve_draft_weights(config.draft_weights, weight_format, config.dtype)
     pack_weights(target, weight_format, config.device)
     if draft is not None:
-        pack_weights(draft, weight_format, config.device, int8=draft_weights == "int8")
+        pack_weights(draft, weight_format, config.device, draft_weights)
     tokenizer = _load_tokenizer(target_dir)
     return ModelPair(
         target, draft, tokenizer, token_map, config.model or "smollm2-135m-instruct", max_len,

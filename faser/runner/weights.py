@@ -14,9 +14,10 @@ embedding) keeps each linear weight that GGUF's Q4_1 or Q8_0 holds exactly in th
 (cpu_linear.pack_blocks): 0.75 or 1.125 bytes a weight instead of 4, dequantized in the kernel
 to the same float32 weights, so the same bits out.
 
-A draft's packed weights may be int8 (`DRAFT_WEIGHTS`): a draft step streams its weights from
-memory after the target's have flushed the caches, and int8 halves those bytes; the target stays
-in its dtype, so what the engine outputs does not change, only how often drafts are accepted.
+A draft's packed weights may be quantized (`DRAFT_WEIGHTS`): a draft step streams its weights
+from memory after the target's have flushed the caches, and int8 (bf16 engines) halves those
+bytes, Q8_0 blocks (float32 engines) cut them to 0.28x; the target stays in its dtype, so what
+the engine outputs does not change, only how often drafts are accepted.
 """
 
 from __future__ import annotations
@@ -30,20 +31,27 @@ from faser_kernels import cpu_linear, huge_pages
 
 WEIGHT_FORMATS = ("auto", "dense", "packed")
 # "same": the target's layout and dtype; "int8": packed int8 (bf16 engines on the CPU kernel);
-# "auto": "int8" where it runs
-DRAFT_WEIGHTS = ("auto", "same", "int8")
+# "q8_0": GGUF's Q8_0 blocks (float32 engines on the CPU kernel); "auto": whichever runs
+DRAFT_WEIGHTS = ("auto", "same", "int8", "q8_0")
+# the packed dtype each quantized draft format takes
+DRAFT_DTYPES = {"int8": "bfloat16", "q8_0": "float32"}
 
 
 class RowInvariantLinear(nn.Module):
     """A linear layer through cpu_linear's kernel. The weight is kept only in its panels (or
     GGUF's blocks), except a head tied to the embedding, whose rows the embedding still reads."""
 
-    def __init__(self, linear: nn.Linear, int8: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, quantized: str = "same") -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        blocks = None if int8 else cpu_linear.pack_blocks(weight)
-        self.packed = blocks if blocks is not None else cpu_linear.pack_weight(weight, int8)
+        if quantized == "q8_0" and weight.shape[1] % cpu_linear.BLOCK == 0:  # else the panels
+            self.packed = cpu_linear.quantize_q8_0(weight)
+        elif quantized == "int8":
+            self.packed = cpu_linear.pack_weight(weight, int8=True)
+        else:
+            blocks = cpu_linear.pack_blocks(weight)
+            self.packed = blocks if blocks is not None else cpu_linear.pack_weight(weight)
         bias = linear.bias
         self.register_buffer(
             "bias", None if bias is None else bias.detach().float().contiguous(), persistent=False
@@ -70,23 +78,27 @@ def packed_reason(device: str, dtype: str) -> str | None:
 
 
 def resolve_draft_weights(draft_weights: str, weight_format: str, dtype: str) -> str:
-    """What "auto" stands for: "int8" where it runs (packed bf16 weights), else "same"."""
+    """What "auto" stands for: the quantized format packed weights of the dtype take ("int8"
+    for bf16, "q8_0" for float32), else "same"."""
     if draft_weights not in DRAFT_WEIGHTS:
         raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, got {draft_weights!r}")
-    runs = weight_format == "packed" and dtype == "bfloat16"
-    if draft_weights == "int8" and not runs:
-        raise ValueError("draft_weights 'int8' needs packed bfloat16 weights, got "
-                         f"weight_format {weight_format!r} and dtype {dtype!r}")
+    runs = None  # the quantized format that runs here
+    if weight_format == "packed":
+        runs = next((f for f, d in DRAFT_DTYPES.items() if d == dtype), None)
+    if draft_weights in DRAFT_DTYPES and draft_weights != runs:
+        raise ValueError(f"draft_weights {draft_weights!r} needs packed "
+                         f"{DRAFT_DTYPES[draft_weights]} weights, got weight_format "
+                         f"{weight_format!r} and dtype {dtype!r}")
     if draft_weights == "auto":
-        return "int8" if runs else "same"
+        return runs or "same"
     return draft_weights
 
 
 def pack_weights(
-    model: nn.Module, weight_format: str, device: str, int8: bool = False
+    model: nn.Module, weight_format: str, device: str, quantized: str = "same"
 ) -> nn.Module:
     """Repacks the decoder layers' projections and the model's own linear layers (the head, a
-    feature draft's fusions) in place; `int8`: as int8 (a draft's, packed bf16 only)."""
+    feature draft's fusions) in place; `quantized`: a draft's DRAFT_WEIGHTS, resolved."""
     if weight_format not in WEIGHT_FORMATS or weight_format == "auto":
         raise ValueError(f"weight_format must be 'dense' or 'packed', got {weight_format!r}")
     if weight_format == "dense":
@@ -95,10 +107,10 @@ def pack_weights(
     if (reason := packed_reason(device, str(dtype).removeprefix("torch."))) is not None:
         raise ValueError(f"weight_format 'packed' cannot run here: {reason}")
     for parent, name, child in decoder_projections(model):
-        setattr(parent, name, RowInvariantLinear(child, int8))
+        setattr(parent, name, RowInvariantLinear(child, quantized))
     for name, child in list(model.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(model, name, RowInvariantLinear(child, int8))
+            setattr(model, name, RowInvariantLinear(child, quantized))
     _into_huge_pages([m for m in model.modules() if isinstance(m, RowInvariantLinear)])
     return model
 

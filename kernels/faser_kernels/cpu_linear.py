@@ -6,7 +6,9 @@ accumulator over k in a fixed order. The weight is packed once into the kernel's
 it streams once per call whatever M is, so verifying k + 1 positions costs about one decode.
 Where the CPU has AMX, bf16 weights are multiplied on its tiles (cpu_linear.c says why).
 A draft's weights may be packed in int8 with a scale per output (`pack_weight(w, int8=True)`):
-half the bytes of bf16 to stream, for bf16 inputs; never the target's, whose output must be exact.
+half the bytes of bf16 to stream, for bf16 inputs; or, for float32 inputs, rounded into GGUF's
+Q8_0 blocks (`quantize_q8_0`): 1.125 bytes a weight against 4. Never the target's, whose output
+must be exact.
 
 The C source is built and loaded by cpu_build; where it cannot run, `unavailable_reason`
 says why and callers keep torch's own linear.
@@ -96,6 +98,20 @@ def pack_blocks(weight: torch.Tensor) -> PackedWeight | None:
         if find(blocks[:SAMPLE_BLOCKS]) is not None and (found := find(blocks)) is not None:
             return PackedWeight(_panels(n, k, *found), n, k, blocks=name)
     return None
+
+
+def quantize_q8_0(weight: torch.Tensor) -> PackedWeight:
+    """Any float32 [n, k] weight rounded into Q8_0 blocks, d the float16 of a block's max |w| / 127
+    (as GGUF quantizes): a draft's, where only the bytes a step reads matter, not the bits."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK:
+        raise ValueError(f"Q8_0 takes a float32 weight of k a multiple of {BLOCK}, got "
+                         f"{weight.dtype} {tuple(weight.shape)}")
+    n, k = weight.shape
+    blocks = weight.detach().reshape(-1, BLOCK)
+    d = (blocks.abs().amax(dim=-1) / 127).to(torch.float16).float()
+    q = torch.nan_to_num(blocks / d[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return PackedWeight(_panels(n, k, q, [d], lambda q: q.view(torch.uint8)), n, k,
+                        blocks="q8_0")
 
 
 def unpack_blocks(weight: PackedWeight) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""A draft's weights in int8 (faser.runner.weights.DRAFT_WEIGHTS): chosen where they run, refused
-with a reason where they do not, the draft's one C call (its input built in it) giving its torch
-path's bits, each model's panels in one buffer of huge pages, and the engine's output still the
-target's own (tests/engine/test_exactness.py runs every policy in bf16, whose draft is int8 by
-default)."""
+"""A draft's weights quantized (faser.runner.weights.DRAFT_WEIGHTS: int8 in bf16, GGUF's Q8_0
+blocks in float32): chosen where they run, refused with a reason where they do not, the draft's
+one C call (its input built in it) giving its torch path's bits, each model's panels in one
+buffer of huge pages, and the engine's output still the target's own
+(tests/engine/test_exactness.py runs every policy, whose draft is quantized by default)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from faser import LLM, SamplingParams, SpecConfig
 from faser.runner.batch import Chunk
-from faser_kernels import cpu_linear, huge_pages
+from faser_kernels import huge_pages
 from faser_kernels.cpu_decoder import unavailable_reason
 from tests.engine.test_feature_draft import feature_pair  # noqa: F401  (a fixture)
 
@@ -25,6 +25,12 @@ def bf16_kernels() -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture
+def float32_kernels() -> None:
+    if (reason := unavailable_reason(torch.float32)) is not None:
+        pytest.skip(reason)
+
+
 def _llm(pair, dtype: str, draft_weights: str = "auto") -> LLM:
     target, draft = pair
     return LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
@@ -33,6 +39,10 @@ def _llm(pair, dtype: str, draft_weights: str = "auto") -> LLM:
 
 def _weight_dtypes(model) -> set[torch.dtype]:
     return {m.packed.data.dtype for m in model.modules() if hasattr(m, "packed")}
+
+
+def _blocks(model) -> set[str | None]:
+    return {m.packed.blocks for m in model.modules() if hasattr(m, "packed")}
 
 
 def test_auto_packs_a_bf16_draft_in_int8_and_leaves_the_target_alone(
@@ -46,13 +56,21 @@ def test_auto_packs_a_bf16_draft_in_int8_and_leaves_the_target_alone(
     assert _weight_dtypes(same.draft) == {torch.bfloat16}
 
 
-def test_a_float32_engine_keeps_its_draft_in_float32(feature_pair):  # noqa: F811
-    if cpu_linear.unavailable_reason(torch.float32) is not None:
-        pytest.skip("no packed float32 weights here")
+def test_auto_packs_a_float32_draft_in_q8_0_blocks_and_leaves_the_target_alone(
+    feature_pair, float32_kernels  # noqa: F811
+):
     pair = _llm(feature_pair, "float32").engine.pair
-    assert pair.draft_weights == "same"
+    assert pair.draft_weights == "q8_0"
+    assert _blocks(pair.draft) == {"q8_0"}
+    assert _blocks(pair.target) == {None}  # random weights: no GGUF file holds them
+    assert _blocks(_llm(feature_pair, "float32", "same").engine.pair.draft) == {None}
+
+
+def test_each_quantized_format_is_refused_for_the_other_dtype(feature_pair):  # noqa: F811
     with pytest.raises(ValueError, match="draft_weights 'int8' needs packed bfloat16"):
         _llm(feature_pair, "float32", "int8")
+    with pytest.raises(ValueError, match="draft_weights 'q8_0' needs packed float32"):
+        _llm(feature_pair, "bfloat16", "q8_0")
 
 
 def test_an_unknown_draft_weights_is_named(feature_pair):  # noqa: F811
@@ -61,7 +79,8 @@ def test_an_unknown_draft_weights_is_named(feature_pair):  # noqa: F811
 
 
 @pytest.mark.parametrize(("dtype", "draft_weights"),
-                         [("bfloat16", "int8"), ("bfloat16", "same"), ("float32", "same")])
+                         [("bfloat16", "int8"), ("bfloat16", "same"), ("float32", "same"),
+                          ("float32", "q8_0")])
 def test_the_drafts_one_call_gives_its_torch_path_logits(
     feature_pair, dtype, draft_weights  # noqa: F811
 ):
@@ -89,12 +108,16 @@ def test_the_drafts_one_call_gives_its_torch_path_logits(
     assert all(torch.equal(a, b) for a, b in zip(*logits, strict=True))
 
 
-def test_an_int8_draft_keeps_the_targets_output_and_is_still_accepted(
-    feature_pair, bf16_kernels  # noqa: F811
+@pytest.mark.parametrize(("dtype", "draft_weights"),
+                         [("bfloat16", "int8"), ("float32", "q8_0")])
+def test_a_quantized_draft_keeps_the_targets_output_and_is_still_accepted(
+    feature_pair, dtype, draft_weights  # noqa: F811
 ):
-    plain = LLM(str(feature_pair[0]), dtype="bfloat16", num_kv_blocks=96, block_size=4)
+    if (reason := unavailable_reason(getattr(torch, dtype))) is not None:
+        pytest.skip(reason)
+    plain = LLM(str(feature_pair[0]), dtype=dtype, num_kv_blocks=96, block_size=4)
     expected = [o.token_ids for o in plain.generate(PROMPTS, GREEDY)]
-    llm = _llm(feature_pair, "bfloat16", "int8")
+    llm = _llm(feature_pair, dtype, draft_weights)
     assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == expected
     assert llm.engine.stats.num_accepted_tokens > 0
 

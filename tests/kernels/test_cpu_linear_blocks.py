@@ -75,3 +75,31 @@ def test_other_weights_keep_the_float32_panels(case):
         "bfloat16": lambda: gguf_weight(64, 64, Q4_1).bfloat16(),
     }[case]()
     assert cpu_linear.pack_blocks(weight) is None
+
+
+def test_any_float32_weight_rounds_into_q8_0_blocks_within_half_a_step():
+    """A draft's weights (faser.runner.weights, draft_weights "q8_0"): held by no GGUF file, so
+    rounded, each within half its block's step of the weight and no farther than GGUF's own Q8_0
+    rounding; the kernel then gives the float32 panels' bits of the rounded weight."""
+    weight = torch.from_numpy(
+        (0.05 * np.random.default_rng(0).standard_normal((70, 96))).astype(np.float32))
+    weight[3, :32] = 0.0  # a block of zeros: its step is 0
+    by_gguf = dequantize(quantize(weight.numpy(), Q8_0), Q8_0).astype(np.float32)
+    packed = cpu_linear.quantize_q8_0(weight)
+    assert packed.blocks == "q8_0" and cpu_linear.pack_blocks(weight) is None
+    rounded = cpu_linear.unpack_blocks(packed)
+    step = (weight.reshape(-1, 32).abs().amax(dim=-1) / 127).to(torch.float16).float()
+    error = (rounded - weight).abs().reshape(-1, 32)
+    assert (error <= step[:, None] * 0.5 * (1 + 2**-10)).all()
+    assert torch.equal(rounded[3, :32], torch.zeros(32))
+    assert error.max() <= (torch.from_numpy(by_gguf) - weight).abs().max()
+    x = torch.randn(5, 96)
+    assert torch.equal(cpu_linear.linear(x, packed), cpu_linear.linear(
+        x, cpu_linear.pack_weight(rounded)))
+
+
+def test_q8_0_rounding_names_what_it_cannot_take():
+    with pytest.raises(ValueError, match="Q8_0 takes a float32 weight of k a multiple of 32"):
+        cpu_linear.quantize_q8_0(torch.randn(8, 40))
+    with pytest.raises(ValueError, match="Q8_0 takes a float32 weight"):
+        cpu_linear.quantize_q8_0(torch.randn(8, 64, dtype=torch.bfloat16))
