@@ -85,8 +85,13 @@ class CostModel:
         ratio = verify_s / self.profile.target_time(rows)
         if not any(ks):
             if ratio < STALL * self.decode_scale:
+                before = self.decode_scale
                 self.num_decodes += 1
                 self.decode_scale = _follow(self.decode_scale, ratio, self.num_decodes)
+                if self.num_decodes == 1 and self.num_observed:
+                    # the verifications so far were measured against the prior scale, so their
+                    # ratio is their own price: kept, not carried up with the first real scale
+                    self.verify_ratio *= before / self.decode_scale
             return
         bare = sum(self.profile.draft_time(r) for r in forward_rows)
         draft_stalled = bare > 0 and draft_s >= STALL * self.draft_scale * bare

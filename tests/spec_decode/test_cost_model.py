@@ -75,6 +75,24 @@ def test_steps_that_verify_drafts_do_not_price_the_steps_that_do_not():
     assert choose_k(acceptance, one_scale).ks == (1, 1, 1, 1)
 
 
+def test_verifications_measured_before_any_plain_step_keep_their_price_after_one():
+    """A replica that drafts from its first step learns what verifying costs (1.5 times the
+    profile) before any plain step measures the decode scale (1.2): verification stays at 1.5,
+    where carrying it up with the decode scale priced it at 1.8 and faser stopped drafting at
+    one request, whose drafts were paying."""
+    curve = linear(fixed_s=0.010, per_token_s=0.0005, draft_s=0.0004)
+    cost = CostModel(curve)
+    for _ in range(3):
+        cost.observe(1, [1], [1], curve.draft_time(1), 1.5 * curve.target_time(2))
+    assert cost.target_scale == pytest.approx(1.5) and cost.num_decodes == 0
+    for _ in range(2):
+        cost.observe(1, [0], [], 0.0, 1.2 * curve.target_time(1))
+    assert cost.decode_scale == pytest.approx(1.2)
+    assert cost.verify_time(1, 1) == pytest.approx(1.5 * curve.target_time(2))
+    cost.decode_scale = 1.0  # the host drifts: verification moves with the plain step from now on
+    assert cost.target_scale == pytest.approx(1.25)
+
+
 def test_the_draft_scale_follows_a_drifting_draft():
     curve = roofline()
     cost = CostModel(curve)
