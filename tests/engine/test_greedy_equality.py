@@ -73,7 +73,8 @@ def test_prompt_lookup_defers_to_a_draft_known_to_be_right(tiny_models, hf_greed
     seen them rejected."""
     target = str(tiny_models["gqa_tied"])
     llm = LLM(target, draft_model=target, spec=SpecConfig(policy="fixed:4"),
-              num_kv_blocks=96, block_size=4, dtype="float32")
+              num_kv_blocks=96, block_size=4, dtype="float32",
+              draft_weights="same")  # identical: not rounded into Q8_0 blocks
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs, strict=True):

@@ -92,7 +92,9 @@ def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
     target = tiny_models["gqa_tied"]
     # no prompt lookup: a random-weight model is right but never sure, and a looked-up guess
     # would replace its (always accepted) tokens
-    llm = overlapped(target, target, "fixed:4", spec_fields={"prompt_lookup": False})
+    # and the draft's weights as the target's, not rounded into Q8_0: identical means identical
+    llm = overlapped(target, target, "fixed:4", spec_fields={"prompt_lookup": False},
+                     draft_weights="same")
     params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params)
     for prompt, out in zip(PROMPTS, outputs, strict=True):
