@@ -110,8 +110,7 @@ def quantize_q8_0(weight: torch.Tensor) -> PackedWeight:
     blocks = weight.detach().reshape(-1, BLOCK)
     d = (blocks.abs().amax(dim=-1) / 127).to(torch.float16).float()
     q = torch.nan_to_num(blocks / d[:, None]).round().clamp(-127, 127).to(torch.int8)
-    return PackedWeight(_panels(n, k, q, [d], lambda q: q.view(torch.uint8)), n, k,
-                        blocks="q8_0")
+    return PackedWeight(_panels(n, k, q, [d], _q8_0_bytes), n, k, blocks="q8_0")
 
 
 def unpack_blocks(weight: PackedWeight) -> torch.Tensor:
@@ -149,7 +148,12 @@ def _q8_0(w: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], Callable] 
     if found is None:
         return None
     q, d = found
-    return q, [d], lambda q: q.view(torch.uint8)
+    return q, [d], _q8_0_bytes
+
+
+def _q8_0_bytes(q: torch.Tensor) -> torch.Tensor:
+    """Q8_0's q (int8) as the bytes the blocks hold."""
+    return q.view(torch.uint8)
 
 
 def _scaled(w: torch.Tensor, step: torch.Tensor, m: torch.Tensor, lo: int,
