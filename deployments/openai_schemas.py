@@ -193,6 +193,21 @@ class ChatCompletionRequest(_SamplingRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts_only(cls, data: Any) -> Any:
+        """A message part that is not text (an image, audio, a file) is refused by its place and
+        type: the union of `content` would otherwise report that the list is not a string."""
+        messages = data.get("messages") if isinstance(data, dict) else None
+        for i, message in enumerate(messages if isinstance(messages, list) else []):
+            parts = message.get("content") if isinstance(message, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise RefusedField(f"messages.{i}.content.{j}.type",
+                                       f"only text parts are supported, not {kind!r}")
+        return data
+
     @model_validator(mode="after")
     def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:

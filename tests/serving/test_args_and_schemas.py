@@ -156,6 +156,22 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
     assert isinstance(refused, RefusedField) and refused.param == field
 
 
+@pytest.mark.parametrize(
+    ("part", "named"),
+    [({"type": "image_url", "image_url": {"url": "http://x"}}, "'image_url'"),
+     ({"type": "input_audio"}, "'input_audio'"), ({"text": "no type"}, "None"), ("text", "None")],
+)
+def test_a_part_that_is_not_text_is_refused_by_its_place(part, named):
+    content = [{"type": "text", "text": "a"}, part]
+    body = {"model": "m", "messages": [{"role": "system", "content": "s"},
+                                       {"role": "user", "content": content}]}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate_json(json.dumps(body))
+    refused = info.value.errors()[0]["ctx"]["error"]
+    assert isinstance(refused, RefusedField) and refused.param == "messages.1.content.1.type"
+    assert named in str(refused)
+
+
 def test_completion_batches_fan_out_prompt_major_with_seeds_per_choice():
     from deployments.api import to_generate_requests
 
