@@ -196,8 +196,9 @@ class ChatCompletionRequest(_SamplingRequest):
     @model_validator(mode="before")
     @classmethod
     def _text_parts_only(cls, data: Any) -> Any:
-        """A message part that is not text (an image, audio, a file) is refused by its place and
-        type: the union of `content` would otherwise report that the list is not a string."""
+        """A message part that is not text (an image, audio, a file), or a text part without its
+        text, is refused by its place: the union of `content` would otherwise report that the
+        list is not a string."""
         messages = data.get("messages") if isinstance(data, dict) else None
         for i, message in enumerate(messages if isinstance(messages, list) else []):
             parts = message.get("content") if isinstance(message, dict) else None
@@ -206,6 +207,9 @@ class ChatCompletionRequest(_SamplingRequest):
                 if kind != "text":
                     raise RefusedField(f"messages.{i}.content.{j}.type",
                                        f"only text parts are supported, not {kind!r}")
+                if not isinstance(part.get("text"), str):
+                    raise RefusedField(f"messages.{i}.content.{j}.text",
+                                       "a text part holds its text as a string")
         return data
 
     @model_validator(mode="after")

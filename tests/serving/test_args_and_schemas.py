@@ -157,18 +157,20 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
 
 
 @pytest.mark.parametrize(
-    ("part", "named"),
-    [({"type": "image_url", "image_url": {"url": "http://x"}}, "'image_url'"),
-     ({"type": "input_audio"}, "'input_audio'"), ({"text": "no type"}, "None"), ("text", "None")],
+    ("part", "field", "named"),
+    [({"type": "image_url", "image_url": {"url": "http://x"}}, "type", "'image_url'"),
+     ({"type": "input_audio"}, "type", "'input_audio'"), ({"text": "no type"}, "type", "None"),
+     ("text", "type", "None"), ({"type": "text"}, "text", "string"),
+     ({"type": "text", "text": 5}, "text", "string")],
 )
-def test_a_part_that_is_not_text_is_refused_by_its_place(part, named):
+def test_a_part_that_is_not_text_is_refused_by_its_place(part, field, named):
     content = [{"type": "text", "text": "a"}, part]
     body = {"model": "m", "messages": [{"role": "system", "content": "s"},
                                        {"role": "user", "content": content}]}
     with pytest.raises(ValidationError) as info:
         ChatCompletionRequest.model_validate_json(json.dumps(body))
     refused = info.value.errors()[0]["ctx"]["error"]
-    assert isinstance(refused, RefusedField) and refused.param == "messages.1.content.1.type"
+    assert isinstance(refused, RefusedField) and refused.param == f"messages.1.content.1.{field}"
     assert named in str(refused)
 
 
