@@ -205,8 +205,9 @@ class ChatCompletionRequest(_SamplingRequest):
             for j, part in enumerate(parts if isinstance(parts, list) else []):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text":
+                    said = f", not {kind!r}" if isinstance(kind, str) else ""
                     raise RefusedField(f"messages.{i}.content.{j}.type",
-                                       f"only text parts are supported, not {kind!r}")
+                                       f'only text parts {{"type": "text"}} are taken{said}')
                 if not isinstance(part.get("text"), str):
                     raise RefusedField(f"messages.{i}.content.{j}.text",
                                        "a text part holds its text as a string")

@@ -2,8 +2,8 @@
 
 Each mechanism in one sentence, by the module that owns it:
 
-- `speculator`: one step over the scheduled batch, plan -> propose -> trim -> verify -> observe,
-  and a step in which nobody drafts runs exactly as policy `off` does.
+- `speculator`: one step over the scheduled batch, plan -> propose -> trim -> verify -> observe;
+  a step in which nobody drafts runs as policy `off` does, keeping only the target's features.
 - `proposer`: the draft proposes k_i tokens per request over a ragged batch, stopping a greedy
   line once its cumulative confidence falls below a threshold.
 - `lookup`: prompt lookup guesses a greedy request's next token from an earlier occurrence of its

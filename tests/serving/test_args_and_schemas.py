@@ -159,9 +159,9 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
 @pytest.mark.parametrize(
     ("part", "field", "named"),
     [({"type": "image_url", "image_url": {"url": "http://x"}}, "type", "'image_url'"),
-     ({"type": "input_audio"}, "type", "'input_audio'"), ({"text": "no type"}, "type", "None"),
-     ("text", "type", "None"), ({"type": "text"}, "text", "string"),
-     ({"type": "text", "text": 5}, "text", "string")],
+     ({"type": "input_audio"}, "type", "'input_audio'"),
+     ({"text": "no type"}, "type", "only text parts"), ("text", "type", "only text parts"),
+     ({"type": "text"}, "text", "string"), ({"type": "text", "text": 5}, "text", "string")],
 )
 def test_a_part_that_is_not_text_is_refused_by_its_place(part, field, named):
     content = [{"type": "text", "text": "a"}, part]
