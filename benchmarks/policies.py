@@ -39,6 +39,7 @@ from tqdm import tqdm
 from benchmarks.common import DEFAULT_PROMPTS
 from benchmarks.driver import RunResult, RunSpec, run_closed, run_open
 from benchmarks.metrics import summarise
+from benchmarks.step_prices import count_lines, priced_rates, read_spans
 from benchmarks.table import format_table
 from benchmarks.workload import (
     BenchRequest,
@@ -120,7 +121,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile-cache", default=None, help="cost profile cache directory")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--step-trace", default=None,
-                   help="write every step's decisions here (JSON lines; all policies and levels)")
+                   help="write every step's decisions here (JSON lines; all policies and levels), "
+                        "and print each policy's decisions priced per step shape "
+                        "(benchmarks.step_prices)")
     return p.parse_args(argv)
 
 
@@ -317,7 +320,7 @@ def _pooled(rounds: list[tuple[dict, RunResult]], slo: Slo | None) -> dict:
     record["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in records]
     record["rounds_mean_latency_s"] = [r["mean_latency_s"] for r in records]
     record["sliced"] = True
-    return record
+    return _with_every_rounds_steps(record, records)
 
 
 def _best_round(records: list[dict]) -> dict:
@@ -330,7 +333,34 @@ def _best_round(records: list[dict]) -> dict:
     if len(records) > 1:
         best["rounds_output_tokens_per_s"] = [r["output_tokens_per_s"] for r in records]
         best["rounds_mean_latency_s"] = [r["mean_latency_s"] for r in records]
-    return best
+    return _with_every_rounds_steps(best, records)
+
+
+def _with_every_rounds_steps(record: dict, rounds: list[dict]) -> dict:
+    """The record with the decision-trace spans of all its policy's rounds, not only its own."""
+    if "step_trace_spans" in record:
+        record["step_trace_spans"] = [span for r in rounds for span in r["step_trace_spans"]]
+    return record
+
+
+def priced_ratios(records: Sequence[dict], trace: str | Path) -> list[str]:
+    """Per load level, each policy's decoding steps over all its rounds priced at their shapes'
+    medians (benchmarks.step_prices), stored in its record, and faser's over the best other's."""
+    lines = []
+    for level in _levels(records):
+        runs = [r for r in records if _level_key(r) == level and "step_trace_spans" in r]
+        steps = {r["policy"]: read_spans(trace, r["step_trace_spans"]) for r in runs}
+        tokens = {r["policy"]: sum(span[2] for span in r["step_trace_spans"]) for r in runs}
+        rates = priced_rates(steps, tokens)
+        for r in runs:
+            r["priced_decode_tokens_per_s"] = rates[r["policy"]]
+        shown = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
+        line = f"{_level_name(runs[0])}: decode tok/s at each step shape's median, {shown}"
+        others = [v for name, v in rates.items() if not name.startswith("faser")]
+        if "faser" in rates and others and max(others) > 0:
+            line += f"; faser / best other {rates['faser'] / max(others):.3f}"
+        lines.append(line)
+    return lines
 
 
 def round_ratios(records: Sequence[dict]) -> list[str]:
@@ -390,6 +420,7 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
         run = RunSpec(f"L{n}-R{shift}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs,
                       args.temperature)
         before = mode_steps(bench.engine, p.spec["policy"])
+        first_step = count_lines(args.step_trace) if args.step_trace else 0
         result = run_level(bench.engine, level, run, bar)
         modes = _delta(before, mode_steps(bench.engine, p.spec["policy"]))
         reference = reference or [o.token_ids for o in result.outputs]
@@ -404,6 +435,9 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
             record["outputs_match_first_policy"] = sum(matches) / len(matches)
         if modes:
             record["mode_steps"] = modes
+        if args.step_trace:  # this run's lines of the decision trace, and what its steps made
+            decode_tokens = record["num_output_tokens"] - record["num_requests"]
+            record["step_trace_spans"] = [[first_step, count_lines(args.step_trace), decode_tokens]]
         if bench.slo is not None:
             record.update(slo_tpot_ms=args.slo_tpot_ms, slo_ttft_ms=args.slo_ttft_ms,
                           slo_passed_to_engine=bool(bench.slo_kwargs))
@@ -447,6 +481,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     print(format_table(records))
     for line in round_ratios(records):
         print(line)
+    if args.step_trace:
+        for line in priced_ratios(records, args.step_trace):
+            print(line)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(records, indent=1))

@@ -138,7 +138,8 @@ class Speculator:
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
             self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - draft_start,
                               end - verify_start)
-        self._record(groups, ks, verdicts, frontier, end - start, limits)
+        self._record(groups, ks, verdicts, frontier, end - start, limits,
+                     sum(n for _, n in prefills))
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
@@ -249,7 +250,7 @@ class Speculator:
                                                            verdict.num_accepted)
 
     def _record(self, groups: dict[str, _Group], ks: list[int], verdicts, frontier,
-                elapsed: float, limits: Limits) -> None:
+                elapsed: float, limits: Limits, num_prefill_tokens: int) -> None:
         self.num_steps += 1
         if not self.trace.enabled or not verdicts:
             return
@@ -269,7 +270,8 @@ class Speculator:
             measured_time_s=elapsed, planned_k=list(plan.max_k), cluster_load=self._cluster_load,
             policy=name, target_scale=cost.target_scale if cost else None,
             decode_scale=cost.decode_scale if cost else None,
-            draft_scale=cost.draft_scale if cost else None, **slo,
+            draft_scale=cost.draft_scale if cost else None,
+            prefill_tokens=num_prefill_tokens, **slo,
         )
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from benchmarks.metrics import percentile
 from benchmarks.policies import main, parse_policies, round_ratios
+from benchmarks.step_prices import priced_rates, read_spans
 from benchmarks.workload import encode_prompt, fit_prompt, load_prompts, read_trace, trace_arrivals
 from tests.engine.tiny import make_checkpoint, make_noisy_copy
 
@@ -127,6 +128,52 @@ def test_sliced_rounds_share_out_the_prompts_and_pool_each_policy(bench_files):
     assert off["target_positions_computed"] < fixed["target_positions_computed"]
     with pytest.raises(ValueError, match="fewer than the concurrency 2"):
         main([*args, "--concurrency", "2"])
+
+
+def test_step_trace_prices_every_policys_decoding_steps_over_all_its_rounds(bench_files, capsys):
+    root = bench_files["root"]
+    trace = root / "steps.jsonl"
+    records = main([
+        "--model", str(bench_files["target"]), "--draft-model", str(bench_files["draft"]),
+        "--prompts", str(bench_files["prompts"]), "--num-prompts", "3", "--max-tokens", "6",
+        "--concurrency", "1", "--policies", "off,fixed:2,faser", "--repeats", "2",
+        "--ignore-eos", "--step-trace", str(trace),
+        "--profile-cache", str(root / "profiles"), "--no-progress",
+    ])
+    assert "C = 1: decode tok/s at each step shape's median, off " in capsys.readouterr().out
+    for r in records:
+        spans = r["step_trace_spans"]
+        assert len(spans) == 2  # both rounds, not only the best
+        steps = read_spans(trace, spans)
+        assert {s["policy"] for s in steps} == {r["policy"].partition(":")[0]}
+        # every output token but each request's first (its prefill's) comes from a decoding step
+        assert [n for _, _, n in spans] == [r["num_output_tokens"] - r["num_requests"]] * 2
+        committed = sum(1 + sum(s["realised_accepted"]) for s in steps)
+        assert committed >= 2 * (r["num_output_tokens"] - r["num_requests"])
+        assert r["priced_decode_tokens_per_s"] > 0
+    off, fixed, _ = records
+    off_steps = read_spans(trace, off["step_trace_spans"])
+    assert len(off_steps) == 2 * (off["num_output_tokens"] - off["num_requests"])
+    assert {len(s["k"]) for s in off_steps} == {1}  # one request at a time, never a draft
+    assert max(sum(s["k"]) for s in read_spans(trace, fixed["step_trace_spans"])) == 2
+
+
+def test_priced_rates_charge_each_shape_its_median_over_every_run():
+    def step(ks, seconds, accepted, prefill=0):
+        return {"k": ks, "measured_time_s": seconds, "realised_accepted": accepted,
+                "prefill_tokens": prefill, "frontier_size": None}
+
+    runs = {
+        # off met a slow moment: its plain steps took 3 s where fixed's took 1 s
+        "off": [step([0], 3.0, [0]), step([0], 3.0, [0])],
+        "fixed:1": [step([1], 2.0, [1]), step([0], 1.0, [0]), step([1], 2.0, [0])],
+        "faser": [step([1], 2.0, [1]), step([0, 0], 5.0, [0, 0], prefill=7)],
+    }
+    rates = priced_rates(runs, {"off": 2, "fixed:1": 4, "faser": 3})
+    # plain steps at the median of 3, 3 and 1 s; a draft token's at the median of its three
+    assert rates["off"] == pytest.approx(2 / 6.0)
+    assert rates["fixed:1"] == pytest.approx(4 / (2.0 + 3.0 + 2.0))
+    assert rates["faser"] == pytest.approx(3 / (2.0 + 5.0))
 
 
 def test_sampled_requests_are_seeded_and_not_held_to_greedy_outputs(bench_files, capsys):
