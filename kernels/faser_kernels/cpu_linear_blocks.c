@@ -11,8 +11,12 @@
  * of a panel into a buffer that stays in L1 and walks the float32 kernel's k loop over it: every
  * output is one accumulator walking k in order, as in the float32 kernels, so the bits are theirs
  * over the same float32 weights, and row m of an M-row call has those of a one-row call. The
- * accumulators wait in memory between chunks, which stores and reloads them exactly. The AVX2
- * build's float32 kernel is the same walk over the float32 panel itself (PANELS_F32). */
+ * accumulators wait in memory between chunks, which stores and reloads them exactly. A call of at
+ * most REGISTER_ROWS rows has no other row group to share a chunk with, so it dequantizes each k
+ * row into registers and multiplies it there instead: the same values in the same order, the same
+ * bits, without a buffer's stores and loads (at three rows its twelve accumulators, the row's
+ * four vectors and its scales no longer fit the sixteen registers). The AVX2 build's float32 kernel is the same walk over the
+ * float32 panel itself (PANELS_F32). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -29,6 +33,7 @@ enum { PANELS_F32 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 };
 #define CHUNK 4                                   /* blocks per buffer: 16 KB of float32 */
 #define ACC_ROWS 48                               /* rows a thread's accumulators hold */
 #define GROUP 3                                   /* rows walked at once: 12 accumulators */
+#define REGISTER_ROWS 2 /* calls of at most this many rows dequantize into registers */
 
 #define TO_FLOAT(v) _mm256_cvtepi32_ps(v)
 
@@ -69,6 +74,33 @@ static inline void q8_0_dequantize(const uint8_t *block, float *buf) {
         _mm256_storeu_ps(row + 16, _mm256_mul_ps(Q8_COLUMNS(16), d2));
         _mm256_storeu_ps(row + 24, _mm256_mul_ps(Q8_COLUMNS(24), d3));
 #undef Q8_COLUMNS
+    }
+}
+
+/* Row kk of a block, dequantized as q4_1_dequantize and q8_0_dequantize do, into w[0..3]. */
+static inline __attribute__((always_inline)) void dequantize_row(const uint8_t *block, long kk,
+                                                                 int format, __m256 w[4]) {
+    const float *d = (const float *)block;
+    if (format == BLOCKS_Q4_1) {
+        const float *m = d + PANEL;
+        const uint8_t *qk = block + 2 * SCALES + kk * PANEL / 2;
+        const __m256i low = _mm256_set1_epi32(0x0F);
+        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qk));
+        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8)));
+        w[0] = _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b0, low)), _mm256_loadu_ps(d),
+                               _mm256_loadu_ps(m));
+        w[1] = _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b1, low)), _mm256_loadu_ps(d + 8),
+                               _mm256_loadu_ps(m + 8));
+        w[2] = _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b0, 4)), _mm256_loadu_ps(d + 16),
+                               _mm256_loadu_ps(m + 16));
+        w[3] = _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b1, 4)), _mm256_loadu_ps(d + 24),
+                               _mm256_loadu_ps(m + 24));
+    } else {
+        const int8_t *qk = (const int8_t *)(block + SCALES) + kk * PANEL;
+        for (int c = 0; c < 4; c++)
+            w[c] = _mm256_mul_ps(
+                TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8 * c)))),
+                _mm256_loadu_ps(d + 8 * c));
     }
 }
 
@@ -134,10 +166,44 @@ static void walk(const Blocks *a, long m0, long rows, const float *w, long k0, l
     }
 }
 
+#define ROW_FMA(r, i)                                                                              \
+    if (ROWS > i) {                                                                                \
+        __m256 xb = _mm256_broadcast_ss(x + (i) * a->k + k);                                       \
+        r##0 = _mm256_fmadd_ps(xb, w[0], r##0);                                                    \
+        r##1 = _mm256_fmadd_ps(xb, w[1], r##1);                                                    \
+        r##2 = _mm256_fmadd_ps(xb, w[2], r##2);                                                    \
+        r##3 = _mm256_fmadd_ps(xb, w[3], r##3);                                                    \
+    }
+
+/* Rows [m0, m0 + ROWS) of panel p over all of k, each k row of the blocks dequantized into
+ * registers (see the top of this file); their sums to acc [ROWS, PANEL]. */
+static inline __attribute__((always_inline)) void register_rows(const Blocks *a, long m0, long p,
+                                                                float *acc, const int ROWS) {
+    long num_blocks = a->k / BLOCK;
+    const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
+    const float *x = a->x + m0 * a->k;
+    __m256 a0, a1, a2, a3, b0, b1, b2, b3, w[4];
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _mm256_setzero_ps();
+    for (long blk = 0; blk < num_blocks; blk++) {
+        const uint8_t *block = panel + blk * a->block_bytes;
+        for (long kk = 0; kk < BLOCK; kk++) {
+            long k = blk * BLOCK + kk;
+            dequantize_row(block, kk, a->format, w);
+            ROW_FMA(a, 0) ROW_FMA(b, 1)
+        }
+    }
+    BLOCK_STORE(a, 0) BLOCK_STORE(b, 1)
+}
+
 /* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS. */
 static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf, float *acc) {
     memset(acc, 0, rows * PANEL * sizeof(float));
-    if (a->format == PANELS_F32) {
+    if (a->format != PANELS_F32 && a->m <= REGISTER_ROWS) {
+        if (rows == 1)
+            register_rows(a, m0, p, acc, 1);
+        else
+            register_rows(a, m0, p, acc, 2);
+    } else if (a->format == PANELS_F32) {
         walk(a, m0, rows, (const float *)a->w + p * a->k * PANEL, 0, a->k, acc);
     } else {
         long num_blocks = a->k / BLOCK;
