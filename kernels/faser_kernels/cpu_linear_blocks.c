@@ -15,8 +15,8 @@
  * most REGISTER_ROWS rows has no other row group to share a chunk with, so it dequantizes each k
  * row into registers and multiplies it there instead: the same values in the same order, the same
  * bits, without a buffer's stores and loads (at three rows its twelve accumulators, the row's
- * four vectors and its scales no longer fit the sixteen registers). The AVX2 build's float32 kernel is the same walk over the
- * float32 panel itself (PANELS_F32). */
+ * four vectors and its scales no longer fit the sixteen registers). The AVX2 build's float32
+ * kernel is the same walk over the float32 panel itself (PANELS_F32). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
