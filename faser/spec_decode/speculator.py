@@ -138,8 +138,7 @@ class Speculator:
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
             self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - draft_start,
                               end - verify_start)
-        self._record(groups, ks, verdicts, frontier, end - start, limits,
-                     sum(n for _, n in prefills))
+        self._record(groups, ks, verdicts, frontier, end - start, limits, prefills)
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
@@ -250,7 +249,7 @@ class Speculator:
                                                            verdict.num_accepted)
 
     def _record(self, groups: dict[str, _Group], ks: list[int], verdicts, frontier,
-                elapsed: float, limits: Limits, num_prefill_tokens: int) -> None:
+                elapsed: float, limits: Limits, prefills) -> None:
         self.num_steps += 1
         if not self.trace.enabled or not verdicts:
             return
@@ -271,7 +270,7 @@ class Speculator:
             policy=name, target_scale=cost.target_scale if cost else None,
             decode_scale=cost.decode_scale if cost else None,
             draft_scale=cost.draft_scale if cost else None,
-            prefill_tokens=num_prefill_tokens, **slo,
+            prefill_tokens=sum(n for _, n in prefills), **slo,
         )
 
 

@@ -37,47 +37,10 @@ enum { PANELS_F32 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 };
 
 #define TO_FLOAT(v) _mm256_cvtepi32_ps(v)
 
-/* Q4_1: byte j of a k row holds column j's q in its low nibble and column j + 16's in its high
- * one, so eight bytes widened to eight lanes give two columns' vectors; w = fma(q, d, m). */
-static inline void q4_1_dequantize(const uint8_t *block, float *buf) {
-    const float *d = (const float *)block, *m = d + PANEL;
-    const uint8_t *q = block + 2 * SCALES;
-    __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-    __m256 d2 = _mm256_loadu_ps(d + 16), d3 = _mm256_loadu_ps(d + 24);
-    __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
-    __m256 m2 = _mm256_loadu_ps(m + 16), m3 = _mm256_loadu_ps(m + 24);
-    const __m256i low = _mm256_set1_epi32(0x0F);
-    for (long k = 0; k < BLOCK; k++) {
-        const uint8_t *qk = q + k * PANEL / 2;
-        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qk));
-        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8)));
-        float *row = buf + k * PANEL;
-        _mm256_storeu_ps(row, _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b0, low)), d0, m0));
-        _mm256_storeu_ps(row + 8, _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b1, low)), d1, m1));
-        _mm256_storeu_ps(row + 16, _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b0, 4)), d2, m2));
-        _mm256_storeu_ps(row + 24, _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b1, 4)), d3, m3));
-    }
-}
-
-/* Q8_0: a k row's PANEL signed bytes; w = d * q. */
-static inline void q8_0_dequantize(const uint8_t *block, float *buf) {
-    const float *d = (const float *)block;
-    const int8_t *q = (const int8_t *)(block + SCALES);
-    __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-    __m256 d2 = _mm256_loadu_ps(d + 16), d3 = _mm256_loadu_ps(d + 24);
-    for (long k = 0; k < BLOCK; k++) {
-        const int8_t *qk = q + k * PANEL;
-        float *row = buf + k * PANEL;
-#define Q8_COLUMNS(c) TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + c))))
-        _mm256_storeu_ps(row, _mm256_mul_ps(Q8_COLUMNS(0), d0));
-        _mm256_storeu_ps(row + 8, _mm256_mul_ps(Q8_COLUMNS(8), d1));
-        _mm256_storeu_ps(row + 16, _mm256_mul_ps(Q8_COLUMNS(16), d2));
-        _mm256_storeu_ps(row + 24, _mm256_mul_ps(Q8_COLUMNS(24), d3));
-#undef Q8_COLUMNS
-    }
-}
-
-/* Row kk of a block, dequantized as q4_1_dequantize and q8_0_dequantize do, into w[0..3]. */
+/* Row kk of a block dequantized into w[0..3], columns 8 c .. 8 c + 7 in w[c]. Q4_1: byte j of a
+ * k row holds column j's q in its low nibble and column j + 16's in its high one, so eight bytes
+ * widened to eight lanes give two columns' vectors; w = fma(q, d, m). Q8_0: a k row's PANEL
+ * signed bytes; w = d * q. */
 static inline __attribute__((always_inline)) void dequantize_row(const uint8_t *block, long kk,
                                                                  int format, __m256 w[4]) {
     const float *d = (const float *)block;
@@ -101,6 +64,16 @@ static inline __attribute__((always_inline)) void dequantize_row(const uint8_t *
             w[c] = _mm256_mul_ps(
                 TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8 * c)))),
                 _mm256_loadu_ps(d + 8 * c));
+    }
+}
+
+/* A block dequantized into buf [BLOCK, PANEL], row by row. */
+static inline void dequantize_block(const uint8_t *block, int format, float *buf) {
+    for (long kk = 0; kk < BLOCK; kk++) {
+        __m256 w[4];
+        dequantize_row(block, kk, format, w);
+        for (int c = 0; c < 4; c++)
+            _mm256_storeu_ps(buf + kk * PANEL + 8 * c, w[c]);
     }
 }
 
@@ -211,11 +184,8 @@ static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf
         for (long b0 = 0; b0 < num_blocks; b0 += CHUNK) {
             long nb = num_blocks - b0 < CHUNK ? num_blocks - b0 : CHUNK;
             for (long b = 0; b < nb; b++) {
-                const uint8_t *block = panel + (b0 + b) * a->block_bytes;
-                if (a->format == BLOCKS_Q4_1)
-                    q4_1_dequantize(block, buf + b * BLOCK * PANEL);
-                else
-                    q8_0_dequantize(block, buf + b * BLOCK * PANEL);
+                dequantize_block(panel + (b0 + b) * a->block_bytes, a->format,
+                                 buf + b * BLOCK * PANEL);
             }
             walk(a, m0, rows, buf, b0 * BLOCK, nb * BLOCK, acc);
         }
