@@ -15,8 +15,10 @@
  * most REGISTER_ROWS rows has no other row group to share a chunk with, so it dequantizes each k
  * row into registers and multiplies it there instead: the same values in the same order, the same
  * bits, without a buffer's stores and loads (at three rows its twelve accumulators, the row's
- * four vectors and its scales no longer fit the sixteen registers). The AVX2 build's float32
- * kernel is the same walk over the float32 panel itself (PANELS_F32). */
+ * four vectors and its scales no longer fit the sixteen registers). A one-row call walks two
+ * panels at once: each output's sum is a chain of dependent FMAs, and one panel's four chains
+ * leave the FMA units waiting on their latency. The AVX2 build's float32 kernel is the same walk
+ * over the float32 panel itself (PANELS_F32). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -139,44 +141,81 @@ static void walk(const Blocks *a, long m0, long rows, const float *w, long k0, l
     }
 }
 
-#define ROW_FMA(r, i)                                                                              \
-    if (ROWS > i) {                                                                                \
-        __m256 xb = _mm256_broadcast_ss(x + (i) * a->k + k);                                       \
-        r##0 = _mm256_fmadd_ps(xb, w[0], r##0);                                                    \
-        r##1 = _mm256_fmadd_ps(xb, w[1], r##1);                                                    \
-        r##2 = _mm256_fmadd_ps(xb, w[2], r##2);                                                    \
-        r##3 = _mm256_fmadd_ps(xb, w[3], r##3);                                                    \
-    }
+#define ROW_FMA(r, xb)                                                                             \
+    r##0 = _mm256_fmadd_ps(xb, w[0], r##0);                                                        \
+    r##1 = _mm256_fmadd_ps(xb, w[1], r##1);                                                        \
+    r##2 = _mm256_fmadd_ps(xb, w[2], r##2);                                                        \
+    r##3 = _mm256_fmadd_ps(xb, w[3], r##3);
 
-/* Rows [m0, m0 + ROWS) of panel p over all of k, each k row of the blocks dequantized into
- * registers (see the top of this file); their sums to acc [ROWS, PANEL]. */
-static inline __attribute__((always_inline)) void register_rows(const Blocks *a, long m0, long p,
-                                                                float *acc, const int ROWS) {
-    long num_blocks = a->k / BLOCK;
-    const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
-    const float *x = a->x + m0 * a->k;
+/* Rows [0, ROWS) of panels [p, p + PANELS) over all of k, ROWS * PANELS <= 2, each k row of the
+ * blocks dequantized into registers (see the top of this file); their sums to acc, [ROWS, PANEL]
+ * or [PANELS, PANEL]. */
+static inline __attribute__((always_inline)) void register_rows(const Blocks *a, long p,
+                                                                float *acc, const int ROWS,
+                                                                const int PANELS) {
+    long num_blocks = a->k / BLOCK, panel_bytes = num_blocks * a->block_bytes;
+    const uint8_t *panel = a->w + p * panel_bytes;
+    const float *x = a->x;
     __m256 a0, a1, a2, a3, b0, b1, b2, b3, w[4];
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _mm256_setzero_ps();
     for (long blk = 0; blk < num_blocks; blk++) {
         const uint8_t *block = panel + blk * a->block_bytes;
         for (long kk = 0; kk < BLOCK; kk++) {
             long k = blk * BLOCK + kk;
+            __m256 x0 = _mm256_broadcast_ss(x + k);
             dequantize_row(block, kk, a->format, w);
-            ROW_FMA(a, 0) ROW_FMA(b, 1)
+            ROW_FMA(a, x0)
+            if (ROWS == 2) {
+                __m256 x1 = _mm256_broadcast_ss(x + a->k + k);
+                ROW_FMA(b, x1)
+            } else if (PANELS == 2) {
+                dequantize_row(block + panel_bytes, kk, a->format, w);
+                ROW_FMA(b, x0)
+            }
         }
     }
-    BLOCK_STORE(a, 0) BLOCK_STORE(b, 1)
+    _mm256_storeu_ps(acc, a0);
+    _mm256_storeu_ps(acc + 8, a1);
+    _mm256_storeu_ps(acc + 16, a2);
+    _mm256_storeu_ps(acc + 24, a3);
+    if (ROWS == 2 || PANELS == 2) {
+        _mm256_storeu_ps(acc + PANEL, b0);
+        _mm256_storeu_ps(acc + PANEL + 8, b1);
+        _mm256_storeu_ps(acc + PANEL + 16, b2);
+        _mm256_storeu_ps(acc + PANEL + 24, b3);
+    }
 }
 
-/* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS. */
+/* Rows [m0, m0 + rows) of panel p from their sums acc [rows, PANEL], the bias added. */
+static void store_sums(const Blocks *a, long m0, long rows, long p, float *acc) {
+    long n0 = p * PANEL, cols = a->n - n0 < PANEL ? a->n - n0 : PANEL;
+    for (long r = 0; r < rows; r++) {
+        float *sums = acc + r * PANEL;
+        if (a->bias)
+            for (long c = 0; c < cols; c++) sums[c] += a->bias[n0 + c];
+        memcpy(a->out + (m0 + r) * a->n + n0, sums, cols * sizeof(float));
+    }
+}
+
+/* Panels [p, p + panels) of a call of at most REGISTER_ROWS rows (panels 2 for one row, else 1). */
+static void register_panels(const Blocks *a, long p, long panels, float *acc) {
+    if (a->m == 2) {
+        register_rows(a, p, acc, 2, 1);
+        store_sums(a, 0, 2, p, acc);
+        return;
+    }
+    if (panels == 2)
+        register_rows(a, p, acc, 1, 2);
+    else
+        register_rows(a, p, acc, 1, 1);
+    for (long i = 0; i < panels; i++)
+        store_sums(a, 0, 1, p + i, acc + i * PANEL);
+}
+
+/* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS, through a buffer (or in place). */
 static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf, float *acc) {
     memset(acc, 0, rows * PANEL * sizeof(float));
-    if (a->format != PANELS_F32 && a->m <= REGISTER_ROWS) {
-        if (rows == 1)
-            register_rows(a, m0, p, acc, 1);
-        else
-            register_rows(a, m0, p, acc, 2);
-    } else if (a->format == PANELS_F32) {
+    if (a->format == PANELS_F32) {
         walk(a, m0, rows, (const float *)a->w + p * a->k * PANEL, 0, a->k, acc);
     } else {
         long num_blocks = a->k / BLOCK;
@@ -190,13 +229,7 @@ static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf
             walk(a, m0, rows, buf, b0 * BLOCK, nb * BLOCK, acc);
         }
     }
-    long n0 = p * PANEL, cols = a->n - n0 < PANEL ? a->n - n0 : PANEL;
-    for (long r = 0; r < rows; r++) {
-        float *sums = acc + r * PANEL;
-        if (a->bias)
-            for (long c = 0; c < cols; c++) sums[c] += a->bias[n0 + c];
-        memcpy(a->out + (m0 + r) * a->n + n0, sums, cols * sizeof(float));
-    }
+    store_sums(a, m0, rows, p, acc);
 }
 
 /* x [m, k], w packed by pack_blocks in `format` (k a multiple of BLOCK) or, PANELS_F32, by
@@ -209,9 +242,16 @@ void faser_linear_blocks(const float *x, const uint8_t *w, const float *bias, fl
     {
         float buf[CHUNK * BLOCK * PANEL] __attribute__((aligned(64)));
         float acc[ACC_ROWS * PANEL] __attribute__((aligned(64)));
+        if (format != PANELS_F32 && m <= REGISTER_ROWS) {
+            long step = m == 1 ? 2 : 1; /* panels at once */
 #pragma omp for schedule(dynamic, 1)
-        for (long p = 0; p < num_panels; p++)
-            for (long m0 = 0; m0 < m; m0 += ACC_ROWS)
-                blocks_panel(&a, m0, m - m0 < ACC_ROWS ? m - m0 : ACC_ROWS, p, buf, acc);
+            for (long p = 0; p < num_panels; p += step)
+                register_panels(&a, p, num_panels - p < step ? num_panels - p : step, acc);
+        } else {
+#pragma omp for schedule(dynamic, 1)
+            for (long p = 0; p < num_panels; p++)
+                for (long m0 = 0; m0 < m; m0 += ACC_ROWS)
+                    blocks_panel(&a, m0, m - m0 < ACC_ROWS ? m - m0 : ACC_ROWS, p, buf, acc);
+        }
     }
 }
