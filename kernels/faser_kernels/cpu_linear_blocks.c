@@ -14,11 +14,12 @@
  * accumulators wait in memory between chunks, which stores and reloads them exactly. A call of at
  * most REGISTER_ROWS rows has no other row group to share a chunk with, so it dequantizes each k
  * row into registers and multiplies it there instead: the same values in the same order, the same
- * bits, without a buffer's stores and loads (at three rows its twelve accumulators, the row's
- * four vectors and its scales no longer fit the sixteen registers). A one-row call walks two
- * panels at once: each output's sum is a chain of dependent FMAs, and one panel's four chains
- * leave the FMA units waiting on their latency. The AVX2 build's float32 kernel is the same walk
- * over the float32 panel itself (PANELS_F32). */
+ * bits, without a buffer's stores and loads. Each output's sum is a chain of dependent FMAs, and
+ * the FMA units need about eight chains to cover their latency: one row walks two panels at once
+ * (eight chains), two rows one panel, three to five rows half a panel at a time (the columns whose
+ * Q4_1 nibbles share a k row's bytes), as a whole panel's accumulators for three rows, its four
+ * vectors and its scales do not fit the sixteen registers. The AVX2 build's float32 kernel is the
+ * same walk over the float32 panel itself (PANELS_F32). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -35,38 +36,58 @@ enum { PANELS_F32 = 0, BLOCKS_Q4_1 = 1, BLOCKS_Q8_0 = 2 };
 #define CHUNK 4                                   /* blocks per buffer: 16 KB of float32 */
 #define ACC_ROWS 48                               /* rows a thread's accumulators hold */
 #define GROUP 3                                   /* rows walked at once: 12 accumulators */
-#define REGISTER_ROWS 2 /* calls of at most this many rows dequantize into registers */
+#define REGISTER_ROWS 5 /* calls of at most this many rows dequantize into registers */
 
 #define TO_FLOAT(v) _mm256_cvtepi32_ps(v)
 
-/* Row kk of a block dequantized into w[0..3], columns 8 c .. 8 c + 7 in w[c]. Q4_1: byte j of a
- * k row holds column j's q in its low nibble and column j + 16's in its high one, so eight bytes
- * widened to eight lanes give two columns' vectors; w = fma(q, d, m). Q8_0: a k row's PANEL
- * signed bytes; w = d * q. */
+/* A block's d and m (Q4_1) for the columns c0 .. c0 + 7 (lo) and c0 + 16 .. c0 + 23 (hi), c0 0
+ * or 8: the columns whose Q4_1 nibbles share a k row's bytes c0 .. c0 + 7. */
+typedef struct {
+    __m256 d_lo, d_hi, m_lo, m_hi;
+} HalfScales;
+
+static inline __attribute__((always_inline)) HalfScales half_scales(const uint8_t *block,
+                                                                    int format, long c0) {
+    const float *d = (const float *)block;
+    HalfScales s = {_mm256_loadu_ps(d + c0), _mm256_loadu_ps(d + c0 + 16), _mm256_setzero_ps(),
+                    _mm256_setzero_ps()};
+    if (format == BLOCKS_Q4_1) {
+        s.m_lo = _mm256_loadu_ps(d + PANEL + c0);
+        s.m_hi = _mm256_loadu_ps(d + PANEL + c0 + 16);
+    }
+    return s;
+}
+
+/* Row kk of a block dequantized into lo and hi, the columns of half_scales' c0. Q4_1: byte j of a
+ * k row holds column j's q in its low nibble and column j + 16's in its high one, so the row's
+ * bytes c0 .. c0 + 7 widened to eight lanes give both vectors; w = fma(q, d, m). Q8_0: a k row's
+ * PANEL signed bytes; w = d * q. */
+static inline __attribute__((always_inline)) void dequantize_half(const uint8_t *block, long kk,
+                                                                  int format, long c0,
+                                                                  const HalfScales *s,
+                                                                  __m256 *lo, __m256 *hi) {
+    if (format == BLOCKS_Q4_1) {
+        const uint8_t *qk = block + 2 * SCALES + kk * PANEL / 2 + c0;
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qk));
+        *lo = _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(q, _mm256_set1_epi32(0x0F))), s->d_lo,
+                              s->m_lo);
+        *hi = _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(q, 4)), s->d_hi, s->m_hi);
+    } else {
+        const int8_t *qk = (const int8_t *)(block + SCALES) + kk * PANEL + c0;
+        *lo = _mm256_mul_ps(TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qk))),
+                            s->d_lo);
+        *hi = _mm256_mul_ps(
+            TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 16)))),
+            s->d_hi);
+    }
+}
+
+/* Row kk of a block dequantized into w[0..3], columns 8 c .. 8 c + 7 in w[c]. */
 static inline __attribute__((always_inline)) void dequantize_row(const uint8_t *block, long kk,
                                                                  int format, __m256 w[4]) {
-    const float *d = (const float *)block;
-    if (format == BLOCKS_Q4_1) {
-        const float *m = d + PANEL;
-        const uint8_t *qk = block + 2 * SCALES + kk * PANEL / 2;
-        const __m256i low = _mm256_set1_epi32(0x0F);
-        __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qk));
-        __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8)));
-        w[0] = _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b0, low)), _mm256_loadu_ps(d),
-                               _mm256_loadu_ps(m));
-        w[1] = _mm256_fmadd_ps(TO_FLOAT(_mm256_and_si256(b1, low)), _mm256_loadu_ps(d + 8),
-                               _mm256_loadu_ps(m + 8));
-        w[2] = _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b0, 4)), _mm256_loadu_ps(d + 16),
-                               _mm256_loadu_ps(m + 16));
-        w[3] = _mm256_fmadd_ps(TO_FLOAT(_mm256_srli_epi32(b1, 4)), _mm256_loadu_ps(d + 24),
-                               _mm256_loadu_ps(m + 24));
-    } else {
-        const int8_t *qk = (const int8_t *)(block + SCALES) + kk * PANEL;
-        for (int c = 0; c < 4; c++)
-            w[c] = _mm256_mul_ps(
-                TO_FLOAT(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qk + 8 * c)))),
-                _mm256_loadu_ps(d + 8 * c));
-    }
+    HalfScales first = half_scales(block, format, 0), second = half_scales(block, format, 8);
+    dequantize_half(block, kk, format, 0, &first, &w[0], &w[2]);
+    dequantize_half(block, kk, format, 8, &second, &w[1], &w[3]);
 }
 
 /* A block dequantized into buf [BLOCK, PANEL], row by row. */
@@ -146,27 +167,30 @@ static void walk(const Blocks *a, long m0, long rows, const float *w, long k0, l
     r##1 = _mm256_fmadd_ps(xb, w[1], r##1);                                                        \
     r##2 = _mm256_fmadd_ps(xb, w[2], r##2);                                                        \
     r##3 = _mm256_fmadd_ps(xb, w[3], r##3);
+#define STORE4(r, at)                                                                              \
+    _mm256_storeu_ps((at), r##0);                                                                  \
+    _mm256_storeu_ps((at) + 8, r##1);                                                              \
+    _mm256_storeu_ps((at) + 16, r##2);                                                             \
+    _mm256_storeu_ps((at) + 24, r##3);
 
 /* Rows [0, ROWS) of panels [p, p + PANELS) over all of k, ROWS * PANELS <= 2, each k row of the
- * blocks dequantized into registers (see the top of this file); their sums to acc, [ROWS, PANEL]
- * or [PANELS, PANEL]. */
+ * blocks dequantized into registers; their sums to acc, [ROWS, PANEL] or [PANELS, PANEL]. */
 static inline __attribute__((always_inline)) void register_rows(const Blocks *a, long p,
                                                                 float *acc, const int ROWS,
                                                                 const int PANELS) {
     long num_blocks = a->k / BLOCK, panel_bytes = num_blocks * a->block_bytes;
     const uint8_t *panel = a->w + p * panel_bytes;
-    const float *x = a->x;
     __m256 a0, a1, a2, a3, b0, b1, b2, b3, w[4];
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _mm256_setzero_ps();
     for (long blk = 0; blk < num_blocks; blk++) {
         const uint8_t *block = panel + blk * a->block_bytes;
         for (long kk = 0; kk < BLOCK; kk++) {
             long k = blk * BLOCK + kk;
-            __m256 x0 = _mm256_broadcast_ss(x + k);
+            __m256 x0 = _mm256_broadcast_ss(a->x + k);
             dequantize_row(block, kk, a->format, w);
             ROW_FMA(a, x0)
             if (ROWS == 2) {
-                __m256 x1 = _mm256_broadcast_ss(x + a->k + k);
+                __m256 x1 = _mm256_broadcast_ss(a->x + a->k + k);
                 ROW_FMA(b, x1)
             } else if (PANELS == 2) {
                 dequantize_row(block + panel_bytes, kk, a->format, w);
@@ -174,16 +198,42 @@ static inline __attribute__((always_inline)) void register_rows(const Blocks *a,
             }
         }
     }
-    _mm256_storeu_ps(acc, a0);
-    _mm256_storeu_ps(acc + 8, a1);
-    _mm256_storeu_ps(acc + 16, a2);
-    _mm256_storeu_ps(acc + 24, a3);
-    if (ROWS == 2 || PANELS == 2) {
-        _mm256_storeu_ps(acc + PANEL, b0);
-        _mm256_storeu_ps(acc + PANEL + 8, b1);
-        _mm256_storeu_ps(acc + PANEL + 16, b2);
-        _mm256_storeu_ps(acc + PANEL + 24, b3);
+    STORE4(a, acc)
+    if (ROWS * PANELS == 2) {
+        STORE4(b, acc + PANEL)
     }
+}
+
+#define HALF_FMA(r, i)                                                                             \
+    if (ROWS > i) {                                                                                \
+        __m256 xb = _mm256_broadcast_ss(a->x + (i) * a->k + k);                                    \
+        r##0 = _mm256_fmadd_ps(xb, lo, r##0);                                                      \
+        r##1 = _mm256_fmadd_ps(xb, hi, r##1);                                                      \
+    }
+#define HALF_STORE(r, i)                                                                           \
+    if (ROWS > i) {                                                                                \
+        _mm256_storeu_ps(acc + (i) * PANEL + col, r##0);                                           \
+        _mm256_storeu_ps(acc + (i) * PANEL + col + 16, r##1);                                      \
+    }
+
+/* Rows [0, ROWS) of panel p, ROWS <= 5, over the columns of dequantize_half's c0 = col, each k
+ * row of the blocks dequantized into registers; their sums to acc [ROWS, PANEL]. */
+static inline __attribute__((always_inline)) void register_half(const Blocks *a, long p, long col,
+                                                                float *acc, const int ROWS) {
+    long num_blocks = a->k / BLOCK;
+    const uint8_t *panel = a->w + p * num_blocks * a->block_bytes;
+    __m256 a0, a1, b0, b1, c0, c1, d0, d1, e0, e1, lo, hi;
+    a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = e0 = e1 = _mm256_setzero_ps();
+    for (long blk = 0; blk < num_blocks; blk++) {
+        const uint8_t *block = panel + blk * a->block_bytes;
+        HalfScales scales = half_scales(block, a->format, col);
+        for (long kk = 0; kk < BLOCK; kk++) {
+            long k = blk * BLOCK + kk;
+            dequantize_half(block, kk, a->format, col, &scales, &lo, &hi);
+            HALF_FMA(a, 0) HALF_FMA(b, 1) HALF_FMA(c, 2) HALF_FMA(d, 3) HALF_FMA(e, 4)
+        }
+    }
+    HALF_STORE(a, 0) HALF_STORE(b, 1) HALF_STORE(c, 2) HALF_STORE(d, 3) HALF_STORE(e, 4)
 }
 
 /* Rows [m0, m0 + rows) of panel p from their sums acc [rows, PANEL], the bias added. */
@@ -197,19 +247,30 @@ static void store_sums(const Blocks *a, long m0, long rows, long p, float *acc) 
     }
 }
 
-/* Panels [p, p + panels) of a call of at most REGISTER_ROWS rows (panels 2 for one row, else 1). */
+/* Panels [p, p + panels) of a call of at most REGISTER_ROWS rows: two panels at a time for one
+ * row, else one. */
 static void register_panels(const Blocks *a, long p, long panels, float *acc) {
-    if (a->m == 2) {
-        register_rows(a, p, acc, 2, 1);
-        store_sums(a, 0, 2, p, acc);
+    if (a->m == 1) {
+        if (panels == 2)
+            register_rows(a, p, acc, 1, 2);
+        else
+            register_rows(a, p, acc, 1, 1);
+        for (long i = 0; i < panels; i++)
+            store_sums(a, 0, 1, p + i, acc + i * PANEL);
         return;
     }
-    if (panels == 2)
-        register_rows(a, p, acc, 1, 2);
-    else
-        register_rows(a, p, acc, 1, 1);
-    for (long i = 0; i < panels; i++)
-        store_sums(a, 0, 1, p + i, acc + i * PANEL);
+    if (a->m == 2) {
+        register_rows(a, p, acc, 2, 1);
+    } else {
+        for (long col = 0; col < 16; col += 8) {
+            switch (a->m) {
+            case 3: register_half(a, p, col, acc, 3); break;
+            case 4: register_half(a, p, col, acc, 4); break;
+            default: register_half(a, p, col, acc, 5); break;
+            }
+        }
+    }
+    store_sums(a, 0, a->m, p, acc);
 }
 
 /* Rows [m0, m0 + rows) of panel p, rows <= ACC_ROWS, through a buffer (or in place). */
