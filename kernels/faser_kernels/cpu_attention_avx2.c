@@ -140,6 +140,32 @@ static float normalise(float *scores, long pos, float max_score) {
     return 1.0f / sum_lanes(sum);
 }
 
+#define WEIGH_FMA(r, c) r = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + (c) * LANES), r);
+
+/* out[0 .. 8 LANES) += p[j] * values[j][at ..] for the block's n keys in key order: eight
+ * chunks' sums side by side, so that eight FMA chains, not one, wait on their latency. */
+static inline void weigh8(float *out, const float *p, const float *const values[LANES], long at,
+                          long n) {
+    __m256 a0 = _mm256_loadu_ps(out), a1 = _mm256_loadu_ps(out + LANES),
+           a2 = _mm256_loadu_ps(out + 2 * LANES), a3 = _mm256_loadu_ps(out + 3 * LANES),
+           a4 = _mm256_loadu_ps(out + 4 * LANES), a5 = _mm256_loadu_ps(out + 5 * LANES),
+           a6 = _mm256_loadu_ps(out + 6 * LANES), a7 = _mm256_loadu_ps(out + 7 * LANES);
+    for (long j = 0; j < n; j++) {
+        __m256 pj = _mm256_set1_ps(p[j]);
+        const float *v = values[j] + at;
+        WEIGH_FMA(a0, 0) WEIGH_FMA(a1, 1) WEIGH_FMA(a2, 2) WEIGH_FMA(a3, 3)
+        WEIGH_FMA(a4, 4) WEIGH_FMA(a5, 5) WEIGH_FMA(a6, 6) WEIGH_FMA(a7, 7)
+    }
+    _mm256_storeu_ps(out, a0);
+    _mm256_storeu_ps(out + LANES, a1);
+    _mm256_storeu_ps(out + 2 * LANES, a2);
+    _mm256_storeu_ps(out + 3 * LANES, a3);
+    _mm256_storeu_ps(out + 4 * LANES, a4);
+    _mm256_storeu_ps(out + 5 * LANES, a5);
+    _mm256_storeu_ps(out + 6 * LANES, a6);
+    _mm256_storeu_ps(out + 7 * LANES, a7);
+}
+
 /* Pass 3: every query head's values, weighted key by key in key order, into tile->acc. */
 static void weigh(const Attention *a, const Tile *tile, long heads) {
     long d = a->head_dim, chunks = d / LANES, last = position(tile, heads - 1);
@@ -152,8 +178,10 @@ static void weigh(const Attention *a, const Tile *tile, long heads) {
             long n = keys_seen(position(tile, h), j0);
             const float *p = tile->scores + h * tile->width + j0;
             float *out = tile->acc + h * d;
+            long c = 0, i = 0;
+            for (; c + 8 <= chunks; c += 8, i += 8 * LANES) weigh8(out + i, p, values, i, n);
             /* chunk by chunk, so that each sum stays in one register through the block */
-            for (long c = 0, i = 0; c < chunks; c++, i += LANES) {
+            for (; c < chunks; c++, i += LANES) {
                 __m256 acc = _mm256_loadu_ps(out + i);
                 for (long j = 0; j < n; j++)
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values[j] + i),
