@@ -9,10 +9,11 @@
  * eight keys are summed in one transposing tree that adds every key's lanes alike
  * (((0 + 1) + (2 + 3)) + ((4 + 5) + (6 + 7))), leaving the block's scores in one vector; the
  * weights exp(score - max) come from a fixed polynomial (cpu_vec_avx2.h's exp256), their sum in
- * eight lanes by key mod 8, and the values are weighted key by key. As in cpu_attention.c, the work
- * goes in tiles of up to TILE queries of one request with the query heads of one kv head, which
- * share each block of keys (and of values) while it is in the cache; each query head still takes
- * its keys in order, so the tiling changes no bit.
+ * eight lanes by key mod 8, and the values are weighted key by key (a head's eight chunks side by
+ * side, eight independent FMA chains). As in cpu_attention.c, the work goes in tiles of up to TILE
+ * queries of one request with the query heads of one kv head, which share each block of keys (and
+ * of values) while it is in the cache; each query head still takes its keys in order, so the
+ * tiling changes no bit.
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
