@@ -21,7 +21,9 @@ from faser.config import POLICIES, parse_policy
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 64  # n times the prompts of one request: each choice is an engine request
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's cap)
-MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs (OpenAI's cap)
+# completions' logprobs: OpenAI caps them at 5, vLLM at 20, and its clients ask for more than 5
+# (lm-eval's loglikelihood body asks for 10)
+MAX_COMPLETION_LOGPROBS = 20
 # fields that change no output: ignored
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "stream_options", "safety_identifier", "prompt_cache_key"})
@@ -149,6 +151,8 @@ class _SamplingRequest(_Request):
 class CompletionRequest(_SamplingRequest):
     # a prompt (text or token ids) or a batch of them; choice i * n + j answers prompt i
     prompt: str | list[int] | list[str] | list[list[int]]
+    # 0 with echo: the prompt alone, scored (the legacy API's way to score text, as lm-eval does)
+    max_tokens: int | None = Field(default=None, ge=0)
     # the target's logprobs of each token and of this many likeliest alternatives
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     echo: bool | None = None  # the answer repeats the prompt (with its logprobs, if asked)
@@ -159,6 +163,12 @@ class CompletionRequest(_SamplingRequest):
         if len(prompt) == 0 or (isinstance(prompt[0], str | list) and any(not p for p in prompt)):
             raise ValueError("prompt must not be empty")
         return prompt
+
+    @model_validator(mode="after")
+    def _no_tokens_only_with_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise RefusedField("max_tokens", "0 answers with the prompt alone: it needs echo: true")
+        return self
 
     @model_validator(mode="after")
     def _few_choices(self) -> CompletionRequest:

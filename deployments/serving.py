@@ -33,7 +33,7 @@ class GenerateRequest:
     kind: Literal["completion", "chat"]
     prompt: str | list[int] | None = None  # completion
     messages: tuple[dict[str, str], ...] = ()  # chat
-    max_tokens: int | None = None
+    max_tokens: int | None = None  # 0: the prompt alone, scored (completion with echo)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k
@@ -126,6 +126,9 @@ class OpenAIServing:
         deltas = resumed.text_deltas()
         try:
             yield self._start(request_id, request, prompt_ids, first)
+            if request.max_tokens == 0:
+                yield _prompt_only(first, request)
+                return
             yield self._delta(first, deltas)
             async for output in outputs:
                 yield self._delta(output, deltas)
@@ -198,7 +201,8 @@ class OpenAIServing:
                 "max_tokens",
             )
         return SamplingParams(
-            max_tokens=max_tokens,
+            # max_tokens 0 (echo): the engine samples a token after the prompt, which no one sees
+            max_tokens=max(1, max_tokens),
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
@@ -242,3 +246,13 @@ class OpenAIServing:
             if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
                 raise BadRequest(f"token id {token_id} lies outside the vocabulary", param)
         return ids
+
+
+def _prompt_only(first: RequestOutput, request: GenerateRequest) -> StreamDelta:
+    """The end of a max_tokens 0 answer: no output token, finished for its length."""
+    return StreamDelta(
+        request_id=first.request_id, text="", token_ids=[],
+        num_prompt_tokens=len(first.prompt_token_ids), num_output_tokens=0, finished=True,
+        finish_reason="length", logprobs=[] if request.logprobs is not None else None,
+        num_cached_tokens=first.num_cached_tokens,
+    )

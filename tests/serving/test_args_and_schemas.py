@@ -65,7 +65,7 @@ def test_a_cpu_replica_takes_its_nodes_cores_by_default():
         b'{"model": "m", "prompt": ["a", ""]}',
         b'{"model": "m", "prompt": [[1], []]}',
         b'{"model": "m", "prompt": [1, "a"]}',
-        b'{"model": "m", "prompt": "hi", "logprobs": 6}',
+        b'{"model": "m", "prompt": "hi", "logprobs": 21}',
         b'{"model": "m", "prompt": "hi", "logprobs": true}',
         b'{"model": "m", "prompt": "hi", "presence_penalty": 2.5}',
         b'{"model": "m", "prompt": "hi", "repetition_penalty": 0}',

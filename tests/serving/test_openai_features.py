@@ -99,6 +99,35 @@ def test_echo_with_prompt_logprobs(client):
     assert echo_only.choices[0].text == choice.text and echo_only.choices[0].logprobs is None
 
 
+def test_max_tokens_zero_answers_with_the_prompt_scored(client, http):
+    """The legacy API's way to score text (lm-eval's older loglikelihood body): echo with
+    max_tokens 0 gives the prompt and its logprobs, and generates nothing."""
+    prompt = "One two three four"
+    scored = client.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=10,
+                                       max_tokens=0)
+    choice, num_prompt = scored.choices[0], scored.usage.prompt_tokens
+    assert choice.text == prompt and choice.finish_reason == "length"
+    assert scored.usage.completion_tokens == 0
+    longer = client.completions.create(**dict(GREEDY, prompt=prompt, echo=True, logprobs=10))
+    assert choice.logprobs.token_logprobs == longer.choices[0].logprobs.token_logprobs[:num_prompt]
+    assert choice.logprobs.tokens == longer.choices[0].logprobs.tokens[:num_prompt]
+    # keyed by text, so tokens that decode alike share an entry
+    assert all(5 < len(top) <= 11 for top in choice.logprobs.top_logprobs[1:])
+    streamed = list(client.completions.create(model=MODEL, prompt=[prompt, "Five"], echo=True,
+                                              max_tokens=0, stream=True))
+    texts = {}
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert texts == {0: prompt, 1: "Five"}
+    assert streamed[-1].choices[0].finish_reason == "length"
+    refused = http.post("/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+    chat = http.post("/v1/chat/completions",
+                     json={"model": MODEL, "messages": MESSAGES, "max_tokens": 0})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "max_tokens"
+
+
 def test_loglikelihood_as_lm_eval_asks_for_it(http):
     """lm-eval's local-completions loglikelihood body: a batch of token-id prompts, echoed with
     one logprob each and one generated token."""
