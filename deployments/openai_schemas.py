@@ -111,6 +111,9 @@ class _SamplingRequest(_Request):
     def _no_silent_fields(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        # null is unset: OpenAI's fields that take null ("temperature": null, "n": null) mean
+        # their default by it, and clients send it so
+        data = {name: value for name, value in data.items() if value is not None}
         for name, value in data.items():
             if name in cls.model_fields or name in IGNORED_FIELDS:
                 continue
@@ -206,12 +209,15 @@ class ChatCompletionRequest(_SamplingRequest):
     @model_validator(mode="before")
     @classmethod
     def _text_parts_only(cls, data: Any) -> Any:
-        """A message part that is not text (an image, audio, a file), or a text part without its
-        text, is refused by its place: the union of `content` would otherwise report that the
-        list is not a string."""
+        """A message part that is not text (an image, audio, a file), a text part without its
+        text, or content that is neither (null, a number) is refused by its place: the union of
+        `content` would otherwise report that the list is not a string."""
         messages = data.get("messages") if isinstance(data, dict) else None
         for i, message in enumerate(messages if isinstance(messages, list) else []):
             parts = message.get("content") if isinstance(message, dict) else None
+            if isinstance(message, dict) and not isinstance(parts, str | list):
+                raise RefusedField(f"messages.{i}.content",
+                                   "a message's content is a string or a list of text parts")
             for j, part in enumerate(parts if isinstance(parts, list) else []):
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind != "text":

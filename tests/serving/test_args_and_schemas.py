@@ -129,13 +129,19 @@ def test_bad_policy_with_k_is_rejected(speculation):
         {"presence_penalty": 0, "frequency_penalty": 0.0, "logprobs": False, "n": 1},  # off
         {"tools": [], "response_format": {"type": "text"}, "logit_bias": {}, "echo": False},
         {"presence_penalty": None, "repetition_penalty": None, "min_p": None, "top_logprobs": 0},
+        {"temperature": None, "top_p": None, "n": None, "stream": None, "logprobs": None,
+         "stop": None, "seed": None, "max_tokens": None, "tools": None},  # null: unset
         {"presence_penalty": 0.5, "frequency_penalty": -2, "repetition_penalty": 1.2,
          "min_p": 0.1, "logprobs": True, "top_logprobs": 20, "n": 4},  # implemented
     ],
 )
 def test_harmless_and_switched_off_fields_are_accepted(extra):
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
-    ChatCompletionRequest.model_validate_json(json.dumps(body))
+    request = ChatCompletionRequest.model_validate_json(json.dumps(body))
+    nulls = {name for name, value in extra.items() if value is None}
+    unset = ChatCompletionRequest.model_validate_json(json.dumps(
+        {name: value for name, value in body.items() if name not in nulls}))
+    assert request == unset
 
 
 @pytest.mark.parametrize(
@@ -154,6 +160,16 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
         ChatCompletionRequest.model_validate_json(json.dumps(body))
     refused = info.value.errors()[0]["ctx"]["error"]
     assert isinstance(refused, RefusedField) and refused.param == field
+
+
+@pytest.mark.parametrize("content", [None, 5, {"type": "text", "text": "a"}])
+def test_content_that_is_neither_text_nor_parts_is_refused_by_its_place(content):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": content}]}
+    with pytest.raises(ValidationError) as info:
+        ChatCompletionRequest.model_validate_json(json.dumps(body))
+    refused = info.value.errors()[0]["ctx"]["error"]
+    assert isinstance(refused, RefusedField) and refused.param == "messages.1.content"
 
 
 @pytest.mark.parametrize(
