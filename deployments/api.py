@@ -113,6 +113,10 @@ def build_openai_app(
     async def version() -> dict[str, str]:
         return {"version": VERSION}
 
+    @app.exception_handler(QueueFull)
+    async def queue_full(request: Request, exc: QueueFull) -> JSONResponse:
+        return handler.queue_full()
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")  # the details (Ray's, the engine's) go to the logs
@@ -139,7 +143,7 @@ class _Handler:
             firsts = await _first_events(streams)
         except QueueFull:
             await _close(streams)
-            return self._queue_full()
+            return self.queue_full()
         except BaseException:
             await _close(streams)
             raise
@@ -192,7 +196,7 @@ class _Handler:
             "invalid_request_error", "model", "model_not_found",
         )
 
-    def _queue_full(self) -> JSONResponse:
+    def queue_full(self) -> JSONResponse:
         response = error_response(
             503, "the server is overloaded; retry later", "service_unavailable", code="queue_full"
         )

@@ -36,9 +36,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 from ray import serve
@@ -58,6 +58,7 @@ from deployments.serving import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # the replica died (ActorDiedError), cannot be reached (ActorUnavailableError), or had gone when
 # the router picked it: the request may go on elsewhere
@@ -154,17 +155,22 @@ class RayEngineClient:
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle
         self._model_name: str | None = None
+        self._asking = asyncio.Lock()
 
     async def model_name(self) -> str:
+        """Asked of the engines once: a burst of first requests waits for that one answer, where
+        each asking would take a place in the engines' queues and push the burst past them."""
         if self._model_name is None:
-            self._model_name = await self.handle.model_name.remote()
+            async with self._asking:
+                if self._model_name is None:
+                    self._model_name = await _unary(self.handle.model_name.remote())
         return self._model_name
 
     async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
-        return await self.handle.tokenize.remote(request)
+        return await _unary(self.handle.tokenize.remote(request))
 
     async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
-        return await self.handle.detokenize.remote(ids)
+        return await _unary(self.handle.detokenize.remote(ids))
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         progress = _Progress(request)
@@ -208,6 +214,14 @@ class RayEngineClient:
             if not finished:
                 with contextlib.suppress(Exception):
                     responses.cancel()
+
+
+async def _unary(response: Awaitable[T]) -> T:
+    """A one-answer call to the engines; full queues are the client's 503, not Ray's text."""
+    try:
+        return await response
+    except BackPressureError as exc:
+        raise QueueFull(str(exc)) from exc
 
 
 def _check_resumable(progress: _Progress, resumption: _Resumption, exc: Exception) -> None:

@@ -1,0 +1,55 @@
+"""A fresh app's first requests arriving at once, on a real local Ray: every one is answered or
+refused in OpenAI's shape (a JSON 503 with Retry-After), never with Ray's own text, and those
+answered complete."""
+
+import concurrent.futures
+
+import httpx
+import pytest
+from ray import serve
+
+from deployments import build_app
+
+pytestmark = pytest.mark.ray
+
+APP = "burst"
+MODEL = "tiny"
+
+
+@pytest.fixture(scope="module")
+def base_url(ray_serve, tiny_pair):
+    target, draft = tiny_pair
+    app = build_app({
+        "model": str(target), "draft_model": str(draft), "served_model_name": MODEL,
+        "max_model_len": 128, "num_kv_blocks": 64, "max_num_seqs": 2,
+        "max_ongoing_requests": 2, "max_queued_requests": 2, "num_cpus": 0.5,
+        "torch_threads": 1, "retry_after_s": 3,
+    })
+    serve.run(app, name=APP, route_prefix=f"/{APP}")
+    yield f"{ray_serve}/{APP}"
+    serve.delete(APP)
+
+
+def test_a_first_burst_is_answered_or_refused_in_openais_shape(base_url):
+    """Before any request had learnt the model's name from an engine, each asked for it and took
+    a place in the engines' queue: the burst overflowed it and Ray answered in its own words."""
+    completion = {"model": MODEL, "prompt": [9, 10, 11], "max_tokens": 20, "temperature": 0,
+                  "ignore_eos": True}
+
+    def send(i: int) -> httpx.Response:
+        if i % 4 == 3:
+            return httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": "hello"},
+                              timeout=60)
+        return httpx.post(f"{base_url}/v1/completions",
+                          json={**completion, "stream": i % 2 == 0}, timeout=60)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+        responses = list(pool.map(send, range(16)))
+    assert any(r.status_code == 200 for r in responses)
+    for r in responses:
+        assert r.status_code in (200, 503), (r.status_code, r.text)
+        if r.status_code == 503:
+            assert r.headers.get("retry-after") == "3", r.text
+            assert r.json()["error"]["code"] == "queue_full", r.text
+        elif "completions" in str(r.request.url) and not r.text.startswith("data:"):
+            assert r.json()["usage"]["completion_tokens"] == 20
