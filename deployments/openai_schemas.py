@@ -50,7 +50,14 @@ class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class SpeculationOptions(_Request):
+class _Extension(_Request):
+    """A field of this server's own: a key it does not know is a typo (`{"polcy": "fixed"}`),
+    which ignored would leave the request as if the field were not sent."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class SpeculationOptions(_Extension):
     """The `speculation` extension: override the replica's policy for one request. The policy
     may carry its k as the engine and the benchmarks write it: "fixed:4" is
     {"policy": "fixed", "max_k": 4}."""
@@ -71,7 +78,7 @@ class SpeculationOptions(_Request):
         return {**data, "policy": name, "max_k": k}
 
 
-class SloOptions(_Request):
+class SloOptions(_Extension):
     """The `slo` extension: the request's targets, which SLO-aware speculation keeps to."""
 
     tpot_ms: float | None = Field(default=None, gt=0)  # time per output token

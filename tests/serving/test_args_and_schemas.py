@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from deployments.api import to_generate_request
+from deployments.api import error_response, to_generate_request, validation_error_response
 from deployments.args import AppArgs
 from deployments.openai_schemas import ChatCompletionRequest, CompletionRequest, RefusedField
 from faser.engine.async_engine import TextDeltas
@@ -160,6 +160,19 @@ def test_a_field_that_would_change_the_output_is_refused_by_name(field, value):
         ChatCompletionRequest.model_validate_json(json.dumps(body))
     refused = info.value.errors()[0]["ctx"]["error"]
     assert isinstance(refused, RefusedField) and refused.param == field
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "param"),
+    [("speculation", {"polcy": "fixed"}, "speculation.polcy"),
+     ("slo", {"tpot": 50}, "slo.tpot")],
+)
+def test_a_typo_in_an_extension_is_a_400_naming_it(field, value, param):
+    body = {"model": "m", "prompt": "hi", field: value}
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate_json(json.dumps(body))
+    assert validation_error_response(info.value).body == error_response(
+        400, f"{param}: Extra inputs are not permitted", "invalid_request_error", param).body
 
 
 @pytest.mark.parametrize("content", [None, 5, {"type": "text", "text": "a"}])
