@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from deployments.continuation import Continuation
+from faser.chat import render_chat
 from faser.engine.async_engine import (
     AsyncLLMEngine,
     StreamDelta,
@@ -233,12 +234,10 @@ class OpenAIServing:
         return list(self.tokenizer.encode(request.prompt, add_special_tokens=False))
 
     def _render_chat(self, messages: tuple[dict[str, str], ...]) -> list[int]:
-        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
-            raise BadRequest("this model has no chat template", "messages")
-        text = self.tokenizer.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=False
-        )
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        try:
+            return render_chat(self.tokenizer, messages)
+        except ValueError as exc:
+            raise BadRequest(str(exc), "messages") from exc
 
     def _check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
         vocab_size = len(self.tokenizer) if self.tokenizer is not None else None

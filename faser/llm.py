@@ -1,11 +1,13 @@
-"""Offline entry point, as in vLLM: `LLM(...).generate(prompts, SamplingParams(...))`."""
+"""Offline entry point, as in vLLM: `LLM(...).generate(prompts, SamplingParams(...))`, and
+`LLM(...).chat(messages, ...)` for conversations."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tqdm import tqdm
 
+from faser.chat import render_chat
 from faser.config import EngineConfig, SpecConfig
 from faser.engine.llm_engine import LLMEngine
 from faser.outputs import RequestOutput
@@ -65,3 +67,20 @@ class LLM:
                         done[out.request_id] = out
                         bar.update(1)
         return [done[i] for i in ids]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]] | Sequence[Sequence[Mapping[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        speculation: dict | None = None,
+    ) -> list[RequestOutput]:
+        """One conversation ([{"role": "user", "content": ...}, ...]) or a list of them, each
+        rendered with the model's chat template as the OpenAI server renders it, then answered
+        as `generate` answers a prompt."""
+        if not messages:
+            raise ValueError("messages must not be empty")
+        one = isinstance(messages[0], Mapping)
+        conversations = [messages] if one else list(messages)
+        prompts = [render_chat(self.tokenizer, c) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm, speculation)
