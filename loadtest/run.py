@@ -17,6 +17,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ def run_headless(
     **settings: Any,
 ) -> Path:
     """Run one test; `settings` are `LoadSettings` fields (shape=, duration_s=, ...). The folder."""
+    _check_reachable(host)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RECORDS).unlink(missing_ok=True)
@@ -49,6 +52,19 @@ def run_headless(
     if not (out_dir / "locust_stats.csv").is_file():
         raise RuntimeError(f"locust wrote no stats (exit {rc}); see {out_dir / 'locust.out'}")
     return out_dir
+
+
+def _check_reachable(host: str) -> None:
+    """Fails at once when nothing answers at `host`, where the run would count every request of
+    its whole duration as an error and say nothing of why. Any HTTP answer will do (a server
+    that wants an API key answers 401)."""
+    try:
+        urllib.request.urlopen(f"{host.rstrip('/')}/v1/models", timeout=10).close()
+    except urllib.error.HTTPError:
+        pass
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RuntimeError(f"nothing answers at {host} ({reason}): is the server up?") from exc
 
 
 def locust_command(host: str, out_dir: Path) -> list[str]:
@@ -165,9 +181,12 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    out = run_headless(
-        args.host, args.out, prometheus=args.prometheus, **settings_from_args(args)
-    )
+    try:
+        out = run_headless(
+            args.host, args.out, prometheus=args.prometheus, **settings_from_args(args)
+        )
+    except RuntimeError as exc:
+        sys.exit(f"loadtest: {exc}")
     print(f"loadtest: results in {out}; report with: python -m loadtest.report {out}")
 
 

@@ -18,6 +18,7 @@ from loadtest.body import request_body
 from loadtest.prompts import Prompt, approx_tokens, load_prompts, sized_prompt
 from loadtest.records import RecordWriter, RequestRecord, read_records
 from loadtest.report import write_report
+from loadtest.run import run_headless
 from loadtest.run_data import load_run, summarize
 from loadtest.schedule import ArrivalSchedule
 from loadtest.settings import LoadSettings, speculation_field
@@ -78,6 +79,17 @@ def timed(stream: str, step_s: float = 0.1) -> list[tuple[float, str]]:
 
 
 # ---- settings and request bodies ---------------------------------------------------------------
+
+
+def test_a_run_against_nothing_fails_at_once_saying_so(tmp_path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(RuntimeError, match=f"nothing answers at http://127.0.0.1:{port}"):
+        run_headless(f"http://127.0.0.1:{port}", out=tmp_path / "run", duration_s=30)
+    assert not (tmp_path / "run").exists()
 
 
 def test_settings_from_env_reads_json_and_single_variables() -> None:
