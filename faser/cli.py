@@ -4,6 +4,7 @@ so that adding one is adding a function and a line in SUBCOMMANDS."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -159,7 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except (ValueError, OSError) as exc:  # bad input, a file or a server out of reach
+        print(f"faser: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -111,6 +111,17 @@ def grafana_stub():
     server.shutdown()
 
 
+def test_dashboard_push_to_nothing_says_so_without_a_traceback(capsys) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rc = faser_main(["dashboard", "push", "--url", f"http://127.0.0.1:{port}", "--token", "t"])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.startswith("faser: ") and "Traceback" not in err
+
+
 def test_dashboard_push_command(grafana_stub, capsys) -> None:
     url, calls = grafana_stub
     rc = faser_main(["dashboard", "push", "--url", url, "--token", "secret",
