@@ -6,6 +6,8 @@ nothing (the engine loads its models in each replica's constructor).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 from ray import serve
@@ -23,6 +25,7 @@ INGRESS_MAX_ONGOING = 1024  # the ingress only forwards: backpressure belongs to
 
 def build_app(args: AppArgs | dict[str, Any] | None = None) -> Application:
     args = args if isinstance(args, AppArgs) else AppArgs.model_validate(args or {})
+    _warn_models_not_here(args)
     engine = serve.deployment(FaserEngine).options(
         name="FaserEngine",
         ray_actor_options=args.ray_actor_options(),
@@ -40,6 +43,18 @@ def build_app(args: AppArgs | dict[str, Any] | None = None) -> Application:
     )
     engine_app = engine.bind(args.model_dump())
     return ingress.bind(engine_app, args.retry_after_s, args.api_keys, args.max_body_bytes)
+
+
+def _warn_models_not_here(args: AppArgs) -> None:
+    """Says so where `serve run` shows it when a model path is not on this machine: replicas that
+    fail to load it report only that they failed (their logs say why), and on a cluster the files
+    may rightly be on the replicas' nodes alone, so it is no error here."""
+    for field, name in (("model", args.model), ("draft_model", args.draft_model)):
+        path = Path(name).expanduser() if name is not None else None
+        looks_like_path = name is not None and ("/" in name or name.endswith(".gguf"))
+        if looks_like_path and not path.exists():
+            print(f"faser: {field}={name!r} is not on this machine; the engine replicas load it, "
+                  "so it must be on their nodes", file=sys.stderr)
 
 
 def _router_config(args: AppArgs) -> RequestRouterConfig:

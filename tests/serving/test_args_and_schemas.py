@@ -232,3 +232,16 @@ def test_top_k_is_taken_and_minus_one_means_none():
     assert to_generate_request(
         CompletionRequest.model_validate_json(json.dumps({**body, "top_k": -1}))
     ).top_k == 0
+
+
+def test_a_model_path_not_on_this_machine_is_named_when_the_app_is_built(tmp_path, capsys):
+    """Replicas that cannot load a model report only that they failed; the path is named where
+    `serve run` shows it, and a name or a path that is here says nothing."""
+    from deployments import build_app
+
+    build_app({"model": str(tmp_path / "missing"), "draft_model": str(tmp_path)})
+    err = capsys.readouterr().err
+    assert f"model={str(tmp_path / 'missing')!r} is not on this machine" in err
+    assert "draft_model" not in err
+    build_app({"model": "smollm2-135m-instruct"})
+    assert capsys.readouterr().err == ""
