@@ -50,9 +50,9 @@ def _warn_models_not_here(args: AppArgs) -> None:
     fail to load it report only that they failed (their logs say why), and on a cluster the files
     may rightly be on the replicas' nodes alone, so it is no error here."""
     for field, name in (("model", args.model), ("draft_model", args.draft_model)):
-        path = Path(name).expanduser() if name is not None else None
-        looks_like_path = name is not None and ("/" in name or name.endswith(".gguf"))
-        if looks_like_path and not path.exists():
+        if name is None or ("/" not in name and not name.endswith(".gguf")):
+            continue  # a model's name: the replicas resolve it
+        if not Path(name).expanduser().exists():
             print(f"faser: {field}={name!r} is not on this machine; the engine replicas load it, "
                   "so it must be on their nodes", file=sys.stderr)
 
