@@ -27,14 +27,14 @@ MAX_COMPLETION_LOGPROBS = 20
 # fields that change no output: ignored
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "stream_options", "safety_identifier", "prompt_cache_key"})
-# fields not implemented here, and the values that mean "off"; `top_logprobs` (chat's) and
-# `echo` (completions') are fields of the endpoint that implements them, refused on the other
+# fields not implemented here, and the values besides null (unset) that mean "off";
+# `top_logprobs` (chat's) and `echo` (completions') are fields of the endpoint that implements
+# them, refused on the other
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (None, 0), "prompt_logprobs": (None, 0), "echo": (None, False),
-    "logit_bias": (None, {}), "tools": (None, []), "functions": (None, []),
-    "tool_choice": (None, "none"), "function_call": (None, "none"), "best_of": (None, 1),
-    "response_format": (None, {"type": "text"}), "suffix": (None, ""), "min_tokens": (None, 0),
-    "stop_token_ids": (None, []), "modalities": (None, ["text"]),
+    "top_logprobs": (0,), "prompt_logprobs": (0,), "echo": (False,), "logit_bias": ({},),
+    "tools": ([],), "functions": ([],), "tool_choice": ("none",), "function_call": ("none",),
+    "best_of": (1,), "response_format": ({"type": "text"},), "suffix": ("",),
+    "min_tokens": (0,), "stop_token_ids": ([],), "modalities": (["text"],),
 }
 
 
