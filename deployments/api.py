@@ -179,7 +179,10 @@ class _Handler:
             result = await self.client.detokenize(request.tokens)
         elif request.messages is not None:
             chat = tuple({"role": m.role, "content": m.text()} for m in request.messages)
-            result = await self.client.tokenize(GenerateRequest("chat", messages=chat))
+            result = await self.client.tokenize(GenerateRequest(
+                "chat", messages=chat, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+            ))
         else:
             prompt = GenerateRequest("completion", prompt=request.prompt)
             result = await self.client.tokenize(prompt)
@@ -275,8 +278,8 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
     common = dict(**request.sampling(), speculation=speculation, slo=slo)
     if isinstance(request, ChatCompletionRequest):
         return GenerateRequest(
-            "chat", messages=tuple(request.conversation()), max_tokens=request.max_new_tokens,
-            logprobs=request.num_logprobs, **common,
+            "chat", messages=tuple(request.conversation()), **request.chat_ending(),
+            max_tokens=request.max_new_tokens, logprobs=request.num_logprobs, **common,
         )
     return GenerateRequest(
         "completion", prompt=request.prompts()[0], max_tokens=request.max_tokens,

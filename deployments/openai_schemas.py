@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from faser.chat import chat_ending
 from faser.config import POLICIES, parse_policy
 
 MAX_STOP_STRINGS = 4
@@ -42,7 +43,8 @@ class RefusedField(ValueError):
     """A field this server will not take; `param` names it in the 400."""
 
     def __init__(self, param: str, message: str) -> None:
-        super().__init__(f"{param}: {message}")
+        # a message from the core may already open with the field's name
+        super().__init__(message if message.startswith(f"{param}: ") else f"{param}: {message}")
         self.param = param
 
 
@@ -207,8 +209,33 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class _Conversation(_Request):
+    """Messages and how their rendering ends (vLLM's extensions, faser/chat.py): by default with
+    the generation prompt; `continue_final_message` goes on inside a last assistant message."""
+
     messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _ending_fits(self) -> _Conversation:
+        try:
+            chat_ending(self.conversation(), self.add_generation_prompt,
+                        self.continue_final_message)
+        except ValueError as exc:
+            raise RefusedField("continue_final_message", str(exc)) from exc
+        return self
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def chat_ending(self) -> dict[str, Any]:
+        """The ending as render_chat and GenerateRequest take it."""
+        return dict(add_generation_prompt=self.add_generation_prompt,
+                    continue_final_message=self.continue_final_message)
+
+
+class ChatCompletionRequest(_SamplingRequest, _Conversation):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -246,9 +273,6 @@ class ChatCompletionRequest(_SamplingRequest):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
-    def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
-
     @property
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -256,11 +280,13 @@ class ChatCompletionRequest(_SamplingRequest):
 
 class TokenizeRequest(_Request):
     """vLLM's /tokenize: a completion prompt or a chat conversation (rendered with the chat
-    template and the generation prompt, as /v1/chat/completions renders it)."""
+    template as /v1/chat/completions renders it)."""
 
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -34,6 +34,8 @@ class GenerateRequest:
     kind: Literal["completion", "chat"]
     prompt: str | list[int] | None = None  # completion
     messages: tuple[dict[str, str], ...] = ()  # chat
+    add_generation_prompt: bool | None = None  # chat: how its rendering ends (faser/chat.py)
+    continue_final_message: bool = False
     max_tokens: int | None = None  # 0: the prompt alone, scored (completion with echo)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -226,16 +228,20 @@ class OpenAIServing:
 
     def _render(self, request: GenerateRequest) -> list[int]:
         if request.kind == "chat":
-            return self._render_chat(request.messages)
+            return self._render_chat(request)
         if isinstance(request.prompt, list):
             return self._check_ids(request.prompt)
         if self.tokenizer is None:
             raise BadRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
         return list(self.tokenizer.encode(request.prompt, add_special_tokens=False))
 
-    def _render_chat(self, messages: tuple[dict[str, str], ...]) -> list[int]:
+    def _render_chat(self, request: GenerateRequest) -> list[int]:
         try:
-            return render_chat(self.tokenizer, messages)
+            return render_chat(
+                self.tokenizer, request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+            )
         except ValueError as exc:
             raise BadRequest(str(exc), "messages") from exc
 

@@ -74,13 +74,20 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         speculation: dict | None = None,
+        add_generation_prompt: bool | None = None,
+        continue_final_message: bool = False,
     ) -> list[RequestOutput]:
         """One conversation ([{"role": "user", "content": ...}, ...]) or a list of them, each
         rendered with the model's chat template as the OpenAI server renders it, then answered
-        as `generate` answers a prompt."""
+        as `generate` answers a prompt. `continue_final_message` answers by going on from the
+        last message, an assistant's opening (faser/chat.py)."""
         if not messages:
             raise ValueError("messages must not be empty")
         one = isinstance(messages[0], Mapping)
         conversations = [messages] if one else list(messages)
-        prompts = [render_chat(self.tokenizer, c) for c in conversations]
+        prompts = [
+            render_chat(self.tokenizer, c, add_generation_prompt=add_generation_prompt,
+                        continue_final_message=continue_final_message)
+            for c in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm, speculation)
