@@ -3,8 +3,9 @@
 Requests are parsed from the raw body in strict mode, so malformed JSON and wrongly-typed fields
 are 400s in OpenAI's error shape. The engine's first event decides the status (a RequestError or
 the start of the stream) before any byte of the body goes out; streaming answers are server-sent
-events ending with `data: [DONE]`. Leaving a stream early closes the engine stream, which aborts
-the request and frees its KV blocks.
+events ending with `data: [DONE]` (the Responses API's with its `response.completed` event).
+Leaving a stream early closes the engine stream, which aborts the request and frees its KV
+blocks.
 
 A request with n choices per prompt, or a batch of prompts, fans out into one engine request per
 choice (prompt-major: choice i * n + j answers prompt i; with a seed, its choice j samples with
@@ -24,6 +25,7 @@ from typing import Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
 
 from deployments.access import Access, install
 from deployments.openai_schemas import (
@@ -38,6 +40,7 @@ from deployments.openai_schemas import (
     TokenizeRequest,
 )
 from deployments.responses import ENGINE_FAILED, Formatter
+from deployments.responses_api import ResponseFormatter, ResponsesRequest
 from deployments.serving import GenerateRequest, RequestError, StreamEvent, StreamStart
 
 logger = logging.getLogger(__name__)
@@ -93,6 +96,12 @@ def build_openai_app(
     async def models() -> dict:
         return ModelList(data=[ModelCard(id=await client.model_name())]).model_dump()
 
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> Response:
+        if (missing := await handler.unknown_model(model)) is not None:
+            return missing
+        return JSONResponse(ModelCard(id=model).model_dump())
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await handler.handle(await request.body(), CompletionRequest)
@@ -100,6 +109,10 @@ def build_openai_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await handler.handle(await request.body(), ChatCompletionRequest)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Response:
+        return await handler.handle(await request.body(), ResponsesRequest)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> Response:
@@ -112,6 +125,14 @@ def build_openai_app(
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": VERSION}
+
+    @app.exception_handler(HTTPException)
+    async def no_such_route(request: Request, exc: HTTPException) -> JSONResponse:
+        """An unknown path or method, in OpenAI's error shape as every other error."""
+        response = error_response(exc.status_code, f"{request.method} {request.url.path}: "
+                                  f"{exc.detail}", "invalid_request_error")
+        response.headers.update(exc.headers or {})
+        return response
 
     @app.exception_handler(QueueFull)
     async def queue_full(request: Request, exc: QueueFull) -> JSONResponse:
@@ -135,7 +156,7 @@ class _Handler:
             request = schema.model_validate_json(body)
         except ValidationError as exc:
             return validation_error_response(exc)
-        if (missing := await self._unknown_model(request.model)) is not None:
+        if (missing := await self.unknown_model(request.model)) is not None:
             return missing
         served = await self.client.model_name()
         streams = [self.client.stream(r) for r in to_generate_requests(request)]
@@ -154,7 +175,7 @@ class _Handler:
                 refused.status, refused.message, refused.type, refused.param, refused.code
             )
         assert all(isinstance(e, StreamStart) for e in firsts)
-        formatter = Formatter(request, served, firsts)
+        formatter = _formatter(request, served, firsts)
         events = _merge(streams)
         headers = {"x-faser-replica": firsts[0].replica}
         if request.stream:
@@ -173,7 +194,7 @@ class _Handler:
             request = schema.model_validate_json(body)
         except ValidationError as exc:
             return validation_error_response(exc)
-        if (missing := await self._unknown_model(request.model)) is not None:
+        if (missing := await self.unknown_model(request.model)) is not None:
             return missing
         if isinstance(request, DetokenizeRequest):
             result = await self.client.detokenize(request.tokens)
@@ -190,7 +211,7 @@ class _Handler:
             return error_response(result.status, result.message, result.type, result.param)
         return JSONResponse(result)
 
-    async def _unknown_model(self, model: str) -> JSONResponse | None:
+    async def unknown_model(self, model: str) -> JSONResponse | None:
         served = await self.client.model_name()
         if model == served:
             return None
@@ -205,6 +226,14 @@ class _Handler:
         )
         response.headers["Retry-After"] = str(self.retry_after_s)
         return response
+
+
+def _formatter(
+    request: BaseModel, served: str, starts: list[StreamStart]
+) -> Formatter | ResponseFormatter:
+    if isinstance(request, ResponsesRequest):
+        return ResponseFormatter(request, served, starts[0])
+    return Formatter(request, served, starts)
 
 
 async def _first_events(streams: list[AsyncIterator[StreamEvent]]) -> list[StreamEvent]:
@@ -276,6 +305,9 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
     if request.slo is not None:
         slo = request.slo.model_dump(exclude_none=True) or None
     common = dict(**request.sampling(), speculation=speculation, slo=slo)
+    if isinstance(request, ResponsesRequest):
+        return GenerateRequest("chat", messages=tuple(request.conversation()),
+                               max_tokens=request.max_output_tokens, **common)
     if isinstance(request, ChatCompletionRequest):
         return GenerateRequest(
             "chat", messages=tuple(request.conversation()), **request.chat_ending(),
@@ -290,6 +322,8 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
 def to_generate_requests(request: BaseModel) -> list[GenerateRequest]:
     """One engine request per choice, prompt-major; choice j of a prompt samples with seed + j."""
     first = to_generate_request(request)
+    if isinstance(request, ResponsesRequest):
+        return [first]
     prompts = request.prompts() if isinstance(request, CompletionRequest) else [first.prompt]
     return [
         replace(first, prompt=prompt, seed=None if first.seed is None else first.seed + j)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -91,9 +91,34 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingRequest(_Request):
-    """The fields of a completion or chat request this server implements; any other field is
-    ignored when harmless and refused otherwise (`_no_silent_fields`)."""
+class _Strict(_Request):
+    """A request body that is never quietly answered as another: besides its own fields, those of
+    IGNORED change no output and are ignored, those of OFF are not implemented and taken only at
+    a value that turns them off, and any other field is a 400 naming it."""
+
+    IGNORED: ClassVar[frozenset[str]] = IGNORED_FIELDS
+    OFF: ClassVar[dict[str, tuple[Any, ...]]] = OFF_VALUES
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_silent_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        # null is unset: OpenAI's fields that take null ("temperature": null, "n": null) mean
+        # their default by it, and clients send it so
+        data = {name: value for name, value in data.items() if value is not None}
+        for name, value in data.items():
+            if name in cls.model_fields or name in cls.IGNORED:
+                continue
+            if name not in cls.OFF:
+                raise RefusedField(name, "unrecognized field")
+            if value not in cls.OFF[name]:
+                raise RefusedField(name, "not supported by this server (leave it unset)")
+        return data
+
+
+class _SamplingRequest(_Strict):
+    """The fields of a completion or chat request this server implements."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -114,23 +139,6 @@ class _SamplingRequest(_Request):
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
     slo: SloOptions | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_silent_fields(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        # null is unset: OpenAI's fields that take null ("temperature": null, "n": null) mean
-        # their default by it, and clients send it so
-        data = {name: value for name, value in data.items() if value is not None}
-        for name, value in data.items():
-            if name in cls.model_fields or name in IGNORED_FIELDS:
-                continue
-            if name not in OFF_VALUES:
-                raise RefusedField(name, "unrecognized field")
-            if value not in OFF_VALUES[name]:
-                raise RefusedField(name, "not supported by this server (leave it unset)")
-        return data
 
     @field_validator("stop")
     @classmethod

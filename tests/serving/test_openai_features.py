@@ -213,3 +213,16 @@ def test_logprobs_are_finite_json(http):
     answer = http.post("/v1/completions", json=body).json()
     values = [v for v in answer["choices"][0]["logprobs"]["token_logprobs"] if v is not None]
     assert values and all(math.isfinite(v) for v in values)
+
+
+def test_a_model_is_looked_up_and_unknown_routes_answer_in_openai_shape(client, http):
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("org/other")
+    assert missing.value.body["code"] == "model_not_found"
+    for method, path, status in [("GET", "/v1/embeddings", 404), ("GET", "/v1/chat/completions",
+                                                                  405)]:
+        response = http.request(method, path)
+        assert response.status_code == status
+        assert path in response.json()["error"]["message"]
+    assert http.request("GET", "/v1/completions").headers["allow"] == "POST"

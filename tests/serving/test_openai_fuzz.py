@@ -1,7 +1,8 @@
 """A fuzz of bad bodies against the real HTTP app in process (no Ray): seeded random mutations of
-valid completion and chat requests (wrong types, out-of-range numbers, unknown and unsupported
-fields, missing fields, broken JSON). No body may get a 5xx, every 4xx is an OpenAI error, and a
-body that carries an output-changing field this server does not implement is never a 200."""
+valid completion, chat and Responses API requests (wrong types, out-of-range numbers, unknown and
+unsupported fields, missing fields, broken JSON). No body may get a 5xx, every 4xx is an OpenAI
+error, and a body that carries an output-changing field this server does not implement is never a
+200."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import random
 import pytest
 from fastapi.testclient import TestClient
 
-NUM_BODIES = 400
+NUM_BODIES = 450
 COMPLETION = {"model": "tiny", "prompt": "Hello", "max_tokens": 3}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+RESPONSE = {"model": "tiny", "input": "Hi", "max_output_tokens": 3}
+BODIES = {"/v1/completions": COMPLETION, "/v1/chat/completions": CHAT, "/v1/responses": RESPONSE}
 # fields that would change the output and are not implemented, with values that do not turn
 # them off; echo and top_logprobs are implemented by one endpoint each
 UNSUPPORTED = {
@@ -44,13 +47,29 @@ ENDPOINT_FIELDS = {
                                           [{"role": "user"}], [{"role": "user", "content": 5}],
                                           [{"role": "user", "content": [{"type": "image"}]}]]},
 }
+RESPONSE_FIELDS = {
+    "max_output_tokens": [1, 5, 0, -3, 10**6], "temperature": [0, 0.7, 2.5, -1],
+    "top_p": [0.5, 1, 0, 1.5], "stream": [True, False], "instructions": ["Be brief.", "", 5],
+    "input": ["", [], 5, [{"role": "user", "content": "x"}], [{"role": "tool", "content": "x"}],
+              [{"type": "function_call_output", "output": "x"}], [{"role": "user"}],
+              [{"role": "user", "content": [{"type": "input_image"}]}]],
+    "speculation": [{"policy": "off"}, {"max_k": 99}], "slo": [{"tpot_ms": 50}, {"ttft_ms": -1}],
+    "tool_choice": ["none", "auto"], "store": [True, False], "user": ["someone"],
+}
+RESPONSE_UNSUPPORTED = {
+    "tools": [{"type": "function", "name": "f"}], "tool_choice": "required",
+    "text": {"format": {"type": "json_object"}}, "reasoning": {"effort": "low"},
+    "previous_response_id": "resp_1", "conversation": "conv_1", "background": True,
+    "include": ["reasoning.encrypted_content"], "truncation": "auto", "top_logprobs": 2,
+    "prompt": {"id": "p"}, "max_tool_calls": 2,
+}
 WRONG_TYPES = ["1", None, [], {}, True, 1.5, 10**30, "NaN", -(10**30)]
 
 
 def mutate(rng: random.Random, path: str, body: dict) -> tuple[bytes, bool]:
     """A mutated body and whether it carries an unsupported output-changing field."""
     body = json.loads(json.dumps(body))
-    fields = {**FIELDS, **ENDPOINT_FIELDS[path]}
+    fields = fields_of(path)
     for _ in range(rng.randint(1, 2)):
         kind = rng.choices(range(7), weights=[6, 3, 2, 2, 1, 1, 1])[0]
         if kind == 0:  # a known field, in or out of its range
@@ -61,7 +80,7 @@ def mutate(rng: random.Random, path: str, body: dict) -> tuple[bytes, bool]:
         elif kind == 2:  # an unknown field
             body[f"x_{rng.randrange(1000)}"] = rng.choice(WRONG_TYPES)
         elif kind == 3:  # an unsupported field
-            name, value = rng.choice(sorted({**UNSUPPORTED, **UNSUPPORTED_BY[path]}.items()))
+            name, value = rng.choice(sorted(unsupported_of(path).items()))
             body[name] = value
         elif kind == 4 and body:  # a missing field
             del body[rng.choice(sorted(body))]
@@ -69,14 +88,26 @@ def mutate(rng: random.Random, path: str, body: dict) -> tuple[bytes, bool]:
             raw = json.dumps(body).encode()
             return raw[: rng.randrange(len(raw))], carries_unsupported(path, body)
         elif kind == 6:  # not an object, or a number JSON cannot hold
-            raw = json.dumps(body).replace('"max_tokens": 3', '"max_tokens": 1e999')
+            raw = json.dumps(body).replace(": 3", ": 1e999")
             raw = rng.choice([b"[1, 2]", b"null", b'"text"', raw.encode()])
             return raw, carries_unsupported(path, body)
     return json.dumps(body).encode(), carries_unsupported(path, body)
 
 
+def fields_of(path: str) -> dict[str, list]:
+    if path == "/v1/responses":
+        return RESPONSE_FIELDS
+    return {**FIELDS, **ENDPOINT_FIELDS[path]}
+
+
+def unsupported_of(path: str) -> dict:
+    if path == "/v1/responses":
+        return RESPONSE_UNSUPPORTED
+    return {**UNSUPPORTED, **UNSUPPORTED_BY[path]}
+
+
 def carries_unsupported(path: str, body: dict) -> bool:
-    return any(name in body for name in {**UNSUPPORTED, **UNSUPPORTED_BY[path]})
+    return any(body.get(name) == value for name, value in unsupported_of(path).items())
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +120,8 @@ def test_fuzzed_bodies_get_no_5xx_and_no_silently_ignored_field(http):
     rng = random.Random(31)
     statuses: dict[int, int] = {}
     for i in range(NUM_BODIES):
-        path = "/v1/completions" if i % 2 else "/v1/chat/completions"
-        content, unsupported = mutate(rng, path, COMPLETION if i % 2 else CHAT)
+        path = sorted(BODIES)[i % len(BODIES)]
+        content, unsupported = mutate(rng, path, BODIES[path])
         response = http.post(path, content=content, headers={"content-type": "application/json"})
         status = response.status_code
         statuses[status] = statuses.get(status, 0) + 1

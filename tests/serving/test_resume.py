@@ -202,14 +202,15 @@ def test_a_continuation_gives_up_waiting_for_room_after_resume_wait_s(serving, m
         stream_through(serving, greedy(), deaths=[3] + [-1] * 50)
 
 
-def post(serving, deaths, body: dict) -> tuple[httpx.Response, DyingHandle]:
+def post(serving, deaths, body: dict, path: str = "/v1/completions",
+         ) -> tuple[httpx.Response, DyingHandle]:
     handle = DyingHandle(serving, deaths)
     app = build_openai_app(RayEngineClient(handle))
 
     async def send():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.post("/v1/completions", json=body)
+            return await client.post(path, json=body)
 
     return asyncio.run(send()), handle
 
@@ -233,3 +234,18 @@ def test_over_http_a_non_streamed_answer_is_whole_and_a_lost_stream_ends_cleanly
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert (error["type"], error["code"]) == ("internal_error", "engine_failed")
     assert "actor" not in lost.text.lower() and "seed" not in error["message"]
+
+
+def test_a_lost_response_stream_ends_with_response_failed(serving):
+    """The Responses API's stream, once started, ends a request that cannot be continued (its
+    replica died more often than MAX_DEATHS) with its own failure event, no internals in it."""
+    body = {"model": MODEL, "input": "Hello, world!", "max_output_tokens": 40, "temperature": 0,
+            "stream": True}
+    lost, handle = post(serving, [2] * (ingress.MAX_DEATHS + 1), body, "/v1/responses")
+    assert lost.status_code == 200 and len(handle.requests) == ingress.MAX_DEATHS + 1
+    events = [json.loads(line.removeprefix("data: ")) for line in lost.text.splitlines()
+              if line.startswith("data: ")]
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.failed"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "actor" not in lost.text.lower()
