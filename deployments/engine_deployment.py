@@ -8,6 +8,7 @@ the cluster holds when `max_replicas` is "auto").
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,8 +31,12 @@ class FaserEngine:
         from faser.engine.llm_engine import LLMEngine  # the heavy import only on replicas
 
         def build() -> LLMEngine:
-            engine = LLMEngine(config)
-            engine.prepare()  # before the replica is ready, not inside its first request
+            try:
+                engine = LLMEngine(config)
+                engine.prepare()  # before the replica is ready, not inside its first request
+            except Exception as exc:
+                _say_why_not_started(exc)
+                raise
             return engine
 
         interval_s = app_args.stream_interval_ms / 1e3
@@ -117,3 +122,14 @@ def _replica_id() -> str:
         return serve.get_replica_context().replica_id.unique_id
     except Exception:  # outside Ray Serve (tests of the class itself)
         return "local"
+
+
+def _say_why_not_started(exc: Exception) -> None:
+    """One line on the replica process's own stderr, which Ray forwards to `serve run`'s console.
+    Serve answers a replica that cannot start with "Failed to update the deployments" alone,
+    keeps the reason in its controller's log, and takes a replica's sys.stderr into a buffered
+    log that a failed replica never flushes (and its print too): hence sys.__stderr__, written."""
+    sys.__stderr__.write(
+        f"FASER serve: the engine replica could not start: {type(exc).__name__}: {exc}\n"
+    )
+    sys.__stderr__.flush()

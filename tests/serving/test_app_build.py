@@ -47,3 +47,20 @@ def test_serve_build_gives_a_valid_config(tmp_path):
     assert app["import_path"] == "deployments:app"
     names = {d["name"] for d in app["deployments"]}
     assert names == {"FaserEngine", "OpenAIIngress"}
+
+
+def test_an_engine_replica_that_cannot_start_says_why_on_its_process_stderr(
+        tmp_path, monkeypatch, capfd):
+    """Serve takes a replica's sys.stderr into a buffered log that a replica failing in its
+    constructor never flushes, and tells `serve run` only "Failed to update the deployments":
+    the reason goes to the process's own stderr, which Ray forwards to the console."""
+    import io
+
+    from deployments.engine_deployment import FaserEngine
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # as Serve's redirect takes it
+    with pytest.raises(ValueError, match="model_type"):
+        FaserEngine({"model": str(tmp_path)})
+    line = "FASER serve: the engine replica could not start: ValueError: Unrecognized model"
+    assert line in capfd.readouterr().err and line not in sys.stderr.getvalue()
