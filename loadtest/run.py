@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from loadtest.settings import SETTINGS_ENV, LoadSettings
+from loadtest.settings import API_KEY_ENV, SETTINGS_ENV, LoadSettings
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 RECORDS = "records.jsonl"
@@ -35,16 +35,19 @@ def run_headless(
     out: str | os.PathLike[str] = "results/run",
     progress_s: float = 5.0,
     prometheus: str | None = None,
+    api_key: str | None = None,
     **settings: Any,
 ) -> Path:
-    """Run one test; `settings` are `LoadSettings` fields (shape=, duration_s=, ...). The folder."""
-    _check_reachable(host)
+    """Run one test; `settings` are `LoadSettings` fields (shape=, duration_s=, ...). The folder.
+    `api_key`: the server's, sent as a Bearer token (default: $OPENAI_API_KEY)."""
+    api_key = api_key or os.environ.get(API_KEY_ENV)
+    _check_reachable(host, api_key)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / RECORDS).unlink(missing_ok=True)
     load = LoadSettings.from_mapping({**settings, "records_path": str(out_dir / RECORDS)})
     started = time.time()
-    rc = _run_locust(host, load, out_dir, progress_s)
+    rc = _run_locust(host, load, out_dir, progress_s, api_key)
     ended = time.time()
     _write_run_json(out_dir, host, load, rc, started, ended)
     if prometheus:
@@ -54,14 +57,20 @@ def run_headless(
     return out_dir
 
 
-def _check_reachable(host: str) -> None:
-    """Fails at once when nothing answers at `host`, where the run would count every request of
-    its whole duration as an error and say nothing of why. Any HTTP answer will do (a server
-    that wants an API key answers 401)."""
+def _check_reachable(host: str, api_key: str | None) -> None:
+    """Fails at once when nothing answers at `host`, or it wants an API key it was not given,
+    where the run would count every request of its whole duration as an error and say nothing
+    of why. Any other HTTP answer will do."""
+    request = urllib.request.Request(f"{host.rstrip('/')}/v1/models")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        urllib.request.urlopen(f"{host.rstrip('/')}/v1/models", timeout=10).close()
-    except urllib.error.HTTPError:
-        pass
+        urllib.request.urlopen(request, timeout=10).close()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            given = "refused the API key given" if api_key else "wants an API key"
+            raise RuntimeError(f"the server at {host} {given} (HTTP 401): pass --api-key or "
+                               f"set ${API_KEY_ENV}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise RuntimeError(f"nothing answers at {host} ({reason}): is the server up?") from exc
@@ -76,8 +85,12 @@ def locust_command(host: str, out_dir: Path) -> list[str]:
     ]
 
 
-def _run_locust(host: str, load: LoadSettings, out_dir: Path, progress_s: float) -> int:
+def _run_locust(
+    host: str, load: LoadSettings, out_dir: Path, progress_s: float, api_key: str | None
+) -> int:
     env = {**os.environ, SETTINGS_ENV: load.to_json()}
+    if api_key:
+        env[API_KEY_ENV] = api_key
     deadline = time.monotonic() + load.duration_s + STOP_TIMEOUT_S + OVERRUN_S
     print(f"loadtest: {load.shape} against {host} for up to {load.duration_s:.0f} s -> {out_dir}")
     command = locust_command(host, out_dir)
@@ -162,6 +175,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-output-tokens", type=int, default=128)
     p.add_argument("--pool-users", type=int, default=64, help="most replay requests in flight")
     p.add_argument("--prometheus", help="Prometheus base URL to dump metrics.json from")
+    p.add_argument("--api-key", help=f"the server's API key (default ${API_KEY_ENV})")
     return p.parse_args(argv)
 
 
@@ -183,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         out = run_headless(
-            args.host, args.out, prometheus=args.prometheus, **settings_from_args(args)
+            args.host, args.out, prometheus=args.prometheus, api_key=args.api_key,
+            **settings_from_args(args),
         )
     except RuntimeError as exc:
         sys.exit(f"loadtest: {exc}")

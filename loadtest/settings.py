@@ -17,6 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 SETTINGS_ENV = "FASER_LOADTEST"
+# the server's API key, sent as a Bearer token; kept out of the settings, which run.json keeps
+API_KEY_ENV = "OPENAI_API_KEY"
 SHAPES = ("step", "spike", "diurnal", "trace")
 
 # Single-field environment variables, for hand-run locust; the JSON blob wins over nothing else.

@@ -11,6 +11,7 @@ Anything else (other HTTP errors, broken streams, error events) is a failure.
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import time
 from dataclasses import replace
@@ -23,6 +24,7 @@ from loadtest.body import request_body
 from loadtest.records import RequestRecord
 from loadtest.run_state import RunState
 from loadtest.schedule import Slot
+from loadtest.settings import API_KEY_ENV
 from loadtest.sse import StreamResult, StreamTimer
 
 CONNECT_TIMEOUT_S = 10.0
@@ -32,6 +34,11 @@ _USER_IDS = itertools.count()  # seeds each closed-loop user's prompt choice rep
 class OpenAIStreamUser(HttpUser):
     abstract = True
     state: RunState  # set by the locustfile on the concrete class
+
+    def __init__(self, environment) -> None:
+        super().__init__(environment)
+        if key := os.environ.get(API_KEY_ENV):
+            self.client.headers["Authorization"] = f"Bearer {key}"
 
     def send(self, prompt: str, max_tokens: int, slot: Slot | None = None) -> RequestRecord:
         """Stream one completion, report it to Locust and to the records file."""

@@ -9,6 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests.fixtures.local_app import local_openai_app  # noqa: E402
 from tests.fixtures.tiny_models import make_tiny_pair  # noqa: E402
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
@@ -43,23 +44,5 @@ def local_app(tiny_pair):
     """The OpenAI app over an engine in this process (LocalEngineClient, no Ray), served as
     model "tiny"; drive it with fastapi's TestClient (an httpx client, so the openai client
     takes it as its http_client)."""
-    import torch
+    yield from local_openai_app(tiny_pair)
 
-    from deployments.api import build_openai_app
-    from deployments.ingress import LocalEngineClient
-    from deployments.serving import OpenAIServing
-    from faser.config import EngineConfig, SpecConfig
-    from faser.engine.async_engine import AsyncLLMEngine
-    from faser.engine.llm_engine import LLMEngine
-
-    torch.set_num_threads(1)
-    target, draft = tiny_pair
-    config = EngineConfig(
-        model=str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
-        num_kv_blocks=128, max_num_seqs=8, num_threads=1,
-    )
-    async_engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
-    engine = async_engine.engine
-    serving = OpenAIServing(async_engine, engine.tokenizer, engine.max_model_len, policy="fixed")
-    yield build_openai_app(LocalEngineClient(serving, "tiny"))
-    async_engine.shutdown()
