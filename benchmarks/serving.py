@@ -129,13 +129,18 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An OpenAI server under load: its label, base URL (ending in /v1) and model name, and the
-    root of its process tree when this program started it."""
+    """An OpenAI server under load: its label, base URL (ending in /v1) and model name, the
+    root of its process tree when this program started it, and its API key if it wants one."""
 
     server: str
     base_url: str
     model: str
     pid: int | None = None
+    api_key: str | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
 
 # ---------------------------------------------------------------- one request over HTTP
@@ -185,7 +190,8 @@ async def send_chat(client: httpx.AsyncClient, target: Target, messages: list[di
     error = None
     try:
         async with client.stream("POST", f"{target.base_url}/chat/completions",
-                                 json=chat_body(target.model, messages, max_tokens)) as response:
+                                 json=chat_body(target.model, messages, max_tokens),
+                                 headers=target.headers) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:200]
                 raise RuntimeError(f"HTTP {response.status_code}: {body!r}")
@@ -573,12 +579,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _models(url: str) -> list[str]:
+def _models(url: str, api_key: str | None = None) -> list[str]:
     """The model names a server lists; none while it is not up."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"{api_base(url)}/models", timeout=10.0)
+        response = httpx.get(f"{api_base(url)}/models", timeout=10.0, headers=headers)
+    except httpx.HTTPError:
+        return []
+    if response.status_code == 401:
+        raise RuntimeError(f"{url} wants an API key it was not given (HTTP 401)")
+    try:
         return [m["id"] for m in response.json()["data"]] if response.status_code == 200 else []
-    except (httpx.HTTPError, ValueError, KeyError):
+    except (ValueError, KeyError):
         return []
 
 
@@ -587,11 +599,12 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else f"{url}/v1"
 
 
-def make_target(server: str, url: str, model: str | None, pid: int | None = None) -> Target:
-    names = [model] if model else _models(url)
+def make_target(server: str, url: str, model: str | None, pid: int | None = None,
+                api_key: str | None = None) -> Target:
+    names = [model] if model else _models(url, api_key)
     if not names:
         raise RuntimeError(f"{server}: no model listed at {api_base(url)}/models")
-    return Target(server, api_base(url), names[0], pid)
+    return Target(server, api_base(url), names[0], pid, api_key)
 
 
 def warm_up(target: Target) -> None:
@@ -613,6 +626,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model-name", default=None, help="default: the first of /v1/models")
     ap.add_argument("--peer-url", default=None, help="another OpenAI server under the same load")
     ap.add_argument("--peer-model", default=None, help="default: the first of its /v1/models")
+    ap.add_argument("--api-key", default=None, help="--url's API key, if it wants one")
+    ap.add_argument("--peer-api-key", default=None, help="--peer-url's API key")
     ap.add_argument("--peer-app-arg", action="append", default=[], metavar="KEY=VALUE",
                     help="start a second app here as the peer, with these arguments")
     ap.add_argument("--peer-env", action="append", default=[], metavar="NAME=VALUE",
@@ -801,14 +816,15 @@ def main(argv: Sequence[str] | None = None) -> dict:
     with contextlib.ExitStack() as stack:
         ours = None if args.url else ServedApp(app_args)
         url = args.url or stack.enter_context(ours)
-        targets = [make_target(OURS, url, args.model_name, ours and ours.pid)]
+        targets = [make_target(OURS, url, args.model_name, ours and ours.pid, args.api_key)]
         peer_url, peer = args.peer_url, None
         if peer_url is None and (run["peer_app_args"] or run["peer_env"]):
             peer_args = {**app_args, **parse_app_args(args.peer_app_arg)}
             peer = ServedApp(peer_args, run["peer_env"])
             peer_url = stack.enter_context(peer)
         if peer_url:
-            targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid))
+            targets.append(make_target(PEER, peer_url, args.peer_model, peer and peer.pid,
+                                       args.peer_api_key))
         for target in targets:
             warm_up(target)
         beside = offline if args.url is None else None  # a server elsewhere is not "the app"

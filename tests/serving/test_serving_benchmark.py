@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
-import time
 
 import pytest
-import uvicorn
 
 from benchmarks import cpu
 from benchmarks.common import DEFAULT_PROMPTS
@@ -36,6 +33,7 @@ from benchmarks.serving import (
     spec_bench_conversations,
     summarise,
 )
+from tests.fixtures.local_app import serve_over_http
 
 MAX_TOKENS = 6
 TEXTS = ["Tell me about foxes.", "What is 2 + 2?", "Hello, world!"]
@@ -43,17 +41,7 @@ TEXTS = ["Tell me about foxes.", "What is 2 + 2?", "Hello, world!"]
 
 @pytest.fixture(scope="module")
 def server_url(local_app):
-    config = uvicorn.Config(local_app, host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    yield from serve_over_http(local_app)
 
 
 def check_records(records, num: int, concurrency: int) -> None:

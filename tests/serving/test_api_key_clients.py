@@ -1,21 +1,19 @@
-"""The load test against a server that wants an API key: the real app with `api_keys`, over HTTP
-(uvicorn), an engine in process. Without the key the run fails at once saying so; with it every
-request is answered, and the key is sent but never written to the run's folder."""
+"""Our own clients against a server that wants an API key: the real app with `api_keys`, over
+HTTP (uvicorn), an engine in process. The load test and the serving benchmark fail at once,
+saying so, without the key; with it every request is answered, and the load test never writes
+the key to its run's folder."""
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
-import uvicorn
 
+from benchmarks.serving import main as serving_benchmark
 from deployments.access import Access
 from loadtest.records import read_records
 from loadtest.run import run_headless
-from tests.fixtures.local_app import local_openai_app
+from tests.fixtures.local_app import local_openai_app, serve_over_http
 
 KEY = "sk-load-test-key"
 
@@ -23,28 +21,12 @@ KEY = "sk-load-test-key"
 @pytest.fixture(scope="module")
 def keyed_server(tiny_pair):
     for app in local_openai_app(tiny_pair, Access(api_keys=frozenset({KEY}))):
-        yield from _serve(app)
-
-
-def _serve(app):
-    """`app` over HTTP on a free port, for a client in another process (Locust)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+        yield from serve_over_http(app)
 
 
 @pytest.mark.slow
-def test_a_run_needs_the_servers_key_and_keeps_it_out_of_its_folder(tmp_path, keyed_server,
-                                                                      monkeypatch):
+def test_a_load_test_needs_the_servers_key_and_keeps_it_out_of_its_folder(
+        tmp_path, keyed_server, monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(RuntimeError, match="wants an API key"):
         run_headless(keyed_server, out=tmp_path / "none", duration_s=5)
@@ -58,3 +40,14 @@ def test_a_run_needs_the_servers_key_and_keeps_it_out_of_its_folder(tmp_path, ke
     records = read_records(out / "records.jsonl")
     assert records and all(r.status == "ok" for r in records)
     assert not any(KEY in path.read_text(errors="replace") for path in out.iterdir())
+
+
+def test_the_serving_benchmark_sends_the_servers_key(keyed_server, tiny_pair):
+    target, draft = tiny_pair
+    args = ["--url", keyed_server, "--concurrency", "2", "--num-requests", "2", "--max-tokens",
+            "3", "--prompts", "random", "--input-len", "8", "--app-arg", f"model={target}",
+            "--app-arg", f"draft_model={draft}"]
+    with pytest.raises(RuntimeError, match="wants an API key"):
+        serving_benchmark(args)
+    out = serving_benchmark([*args, "--api-key", KEY])
+    assert [(s["num_completed"], s["num_failed"]) for s in out["summaries"]] == [(2, 0)]
