@@ -4,8 +4,8 @@ Requests are parsed in strict mode from the raw JSON bytes, so a wrongly-typed f
 where a number goes, a bool where an integer goes) is a 400, never silently coerced. A request
 never quietly gets something else than it asked for: fields that change nothing here (`user`,
 `metadata`, ...) are ignored, fields this server does not implement are accepted only at the value
-that turns them off (clients send `logit_bias: {}` or `tools: []`), and any other field is a 400
-that names it.
+that turns them off (clients send `tools: []` or `response_format: {"type": "text"}`), and any
+other field is a 400 that names it.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from faser.chat import chat_ending
 from faser.config import POLICIES, parse_policy
+from faser.sampling_params import MAX_LOGIT_BIAS, MAX_TOP_K
 
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 64  # n times the prompts of one request: each choice is an engine request
@@ -25,6 +26,7 @@ MAX_TOP_LOGPROBS = 20  # chat's top_logprobs (OpenAI's cap)
 # completions' logprobs: OpenAI caps them at 5, vLLM at 20, and its clients ask for more than 5
 # (lm-eval's loglikelihood body asks for 10)
 MAX_COMPLETION_LOGPROBS = 20
+MAX_LOGIT_BIAS_TOKENS = 300  # OpenAI's cap on logit_bias's entries
 # fields that change no output: ignored
 IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls",
                             "stream_options", "safety_identifier", "prompt_cache_key"})
@@ -32,7 +34,7 @@ IGNORED_FIELDS = frozenset({"user", "metadata", "store", "service_tier", "parall
 # `top_logprobs` (chat's) and `echo` (completions') are fields of the endpoint that implements
 # them, refused on the other
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "top_logprobs": (0,), "prompt_logprobs": (0,), "echo": (False,), "logit_bias": ({},),
+    "top_logprobs": (0,), "prompt_logprobs": (0,), "echo": (False,),
     "tools": ([],), "functions": ([],), "tool_choice": ("none",), "function_call": ("none",),
     "best_of": (1,), "response_format": ({"type": "text"},), "suffix": ("",),
     "min_tokens": (0,), "stop_token_ids": ([],), "modalities": (["text"],),
@@ -124,12 +126,14 @@ class _SamplingRequest(_Strict):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=-1)  # vLLM's extension; -1 or 0: no top-k
+    top_k: int = Field(default=0, ge=-1, le=MAX_TOP_K)  # vLLM's extension; -1 or 0: no top-k
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # vLLM's extension
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # vLLM's extension (Hugging Face's semantics): > 1 makes a seen token less likely
     repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    # OpenAI's: {"token id": bias}, the bias added to the token's logit before sampling
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)
     # choices per prompt, each its own engine request; with a seed, choice j draws with seed + j
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
@@ -139,6 +143,17 @@ class _SamplingRequest(_Strict):
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
     speculation: SpeculationOptions | None = None
     slo: SloOptions | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids_and_biases(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key, value in (bias or {}).items():
+            if not key.isdecimal():
+                raise ValueError(f"keys are token ids written as integers, got {key!r}")
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise ValueError(f"a bias lies in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                                 f"got {value} for token {key}")
+        return bias
 
     @field_validator("stop")
     @classmethod
@@ -165,6 +180,7 @@ class _SamplingRequest(_Strict):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             seed=self.seed, stop=self.stop_strings(), ignore_eos=self.ignore_eos,
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
         )
 
 

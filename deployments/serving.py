@@ -44,6 +44,7 @@ class GenerateRequest:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias)
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
@@ -203,6 +204,7 @@ class OpenAIServing:
                 f"{max_tokens} in the completion)",
                 "max_tokens",
             )
+        self._check_ids([token_id for token_id, _ in request.logit_bias], "logit_bias")
         return SamplingParams(
             # max_tokens 0 (echo): the engine samples a token after the prompt, which no one sees
             max_tokens=max(1, max_tokens),
@@ -216,6 +218,7 @@ class OpenAIServing:
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
             repetition_penalty=request.repetition_penalty,
+            logit_bias=request.logit_bias,
             logprobs=request.logprobs,
             prompt_logprobs=request.logprobs if request.echo else None,
         )

@@ -6,6 +6,10 @@ import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # alternatives a request may ask for at each position (OpenAI's chat cap)
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces it
+# past any vocabulary, so no cut; bounded because the step holds every request's top_k in one
+# int64 tensor, which one request's 10**30 would overflow, failing the whole batch's step
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +24,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # vLLM's (as Hugging Face's), over prompt and output: a seen token's logit / p if > 0, else * p
     repetition_penalty: float = 1.0
+    # OpenAI's: (token id, bias) pairs added to those tokens' logits before anything else samples
+    # from them; a dict {token id: bias} is taken too
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
@@ -34,14 +41,15 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k must lie in [0, {MAX_TOP_K}], got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must lie in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -64,3 +72,24 @@ class SamplingParams:
         """Its logits depend on the tokens before them (so each row needs its own history)."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.repetition_penalty != 1.0)
+
+    @property
+    def plain(self) -> bool:
+        """It samples from the model's logits as they are: no penalty and no bias changes them."""
+        return not self.penalised and not self.logit_bias
+
+
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    pairs = list(bias.items() if isinstance(bias, dict) else bias)
+    for pair in pairs:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2):
+            raise ValueError(f"logit_bias: (token id, bias) pairs, got {pair!r}")
+        token_id, value = pair
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+            raise ValueError(f"logit_bias: token ids are integers >= 0, got {token_id!r}")
+        if not (isinstance(value, int | float) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias: a bias lies in [-{MAX_LOGIT_BIAS:g}, "
+                             f"{MAX_LOGIT_BIAS:g}], got {value!r} for token {token_id}")
+    if len({token_id for token_id, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias: a token id is given twice")
+    return tuple(sorted((token_id, float(value)) for token_id, value in pairs))

@@ -152,7 +152,7 @@ class LLMEngine:
         policies) and the request's output reports as met or not."""
         request_id = request_id if request_id is not None else str(next(self._ids))
         prompt_ids = self._tokenize(prompt)
-        self._check_lengths(prompt_ids, params)
+        self._check_request(prompt_ids, params)
         state = self._spec_state(speculation)
         state.slo = Slo.parse(slo)
         state.greedy = params.greedy
@@ -176,7 +176,10 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         return ids
 
-    def _check_lengths(self, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.pair.target.config.vocab_size
+        if any(token_id >= vocab for token_id, _ in params.logit_bias):
+            raise ValueError(f"logit_bias: token ids must lie in [0, {vocab})")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"prompt has {len(prompt_ids)} tokens; max_model_len is {self.max_model_len}"

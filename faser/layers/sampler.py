@@ -1,5 +1,5 @@
-"""Turns logits into what a request samples from: penalties, temperature, min-p, top-k, top-p,
-and the raw logprobs of the tokens it gave.
+"""Turns logits into what a request samples from: its logit bias, penalties, temperature, min-p,
+top-k, top-p, and the raw logprobs of the tokens it gave.
 
 The same processing is applied to the draft's and the target's logits, so that rejection sampling
 reproduces exactly the distribution the request asked for. Every step is elementwise or reduces
@@ -100,8 +100,8 @@ def request_probs(
     histories: Sequence[History | None] | None = None,  # per row; needed by penalised rows
 ) -> torch.Tensor:  # [num_rows, vocab]
     """Rows of sampled requests become their distributions; rows of greedy requests stay logits
-    (only their argmax is ever used), penalised when the request asks for penalties."""
-    logits = _penalised(logits, params, histories)
+    (only their argmax is ever used), biased and penalised as the request asks."""
+    logits = _penalised(_biased(logits, params), params, histories)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if not sampled:
         return logits
@@ -116,6 +116,19 @@ def request_probs(
         torch.tensor([p.top_p for p in chosen], dtype=logits.dtype, device=device),
         torch.tensor([p.min_p for p in chosen], dtype=logits.dtype, device=device),
     )
+    return out
+
+
+def _biased(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """OpenAI's logit_bias, added to the raw logits (before the penalties, as vLLM adds it)."""
+    rows = [i for i, p in enumerate(params) if p.logit_bias]
+    if not rows:
+        return logits
+    out = logits.clone()
+    for i in rows:
+        ids, bias = zip(*params[i].logit_bias, strict=True)
+        index = torch.tensor(ids, device=logits.device)
+        out[i, index] += torch.tensor(bias, dtype=logits.dtype, device=logits.device)
     return out
 
 

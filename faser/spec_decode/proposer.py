@@ -195,7 +195,7 @@ class Proposer:
         its probability are read off the draft's own vocabulary, and no row over the target's,
         three times wider, is built). logits: [num_rows, draft_vocab]."""
         params = [seq.params for seq in seqs]
-        if all(p.greedy and h is None for p, h in zip(params, histories, strict=True)):
+        if all(p.greedy and p.plain for p in params):
             # softmax, not exp(max - logsumexp): right after the draft's forward, logsumexp's
             # several passes cost twice softmax's
             index = argmax(logits)
@@ -213,7 +213,7 @@ class Proposer:
         target's), and the confidence of each token. Where the draft has no token, a greedy
         row's logit is -inf and a sampled row's probability 0. The q row stored for a draft
         token is exactly the row it was drawn from."""
-        if self.token_map is not None and any(h is not None for h in histories):
+        if self.token_map is not None and not all(p.plain for p in params):
             logits = self._to_target_vocab(logits, float("-inf"))
             probs = request_probs(logits, params, histories)
             return probs, self._confidence(logits, probs, params)

@@ -129,7 +129,7 @@ class Verifier:
 
     @staticmethod
     def _judge(entries: list[_Entry], owners: list, prefill_tokens: list[int | None]) -> None:
-        if all(e.params.greedy and not e.params.penalised for e in entries):
+        if all(e.params.greedy and e.params.plain for e in entries):
             out, num_accepted = _greedy_outcomes(entries)
         else:
             out, num_accepted = _sampled_outcomes(entries)

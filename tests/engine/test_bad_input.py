@@ -24,6 +24,8 @@ def llm(tiny_models):
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
+    ({"top_k": 10**30}, "top_k"),  # once failed the step of every request beside it
+    ({"logit_bias": {1: 101.0}}, "logit_bias"),
 ])
 def test_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

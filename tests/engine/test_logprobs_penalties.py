@@ -1,7 +1,8 @@
-"""Logprobs and penalties stay exact under speculation: in each dtype, every policy's greedy
-tokens, penalised or not, and their logprobs (and the prompt's) equal plain decoding's bit for
-bit; the logprobs are the target's own log-softmax (Hugging Face's, in float32); repetition
-penalty greedy output equals Hugging Face's generate with the same penalty."""
+"""Logprobs, penalties and logit bias stay exact under speculation: in each dtype, every
+policy's greedy tokens, penalised, biased or neither, and their logprobs (and the prompt's)
+equal plain decoding's bit for bit; the logprobs are the target's own log-softmax (Hugging
+Face's, in float32); repetition penalty greedy output equals Hugging Face's generate with the
+same penalty, and the other penalties and the bias a plain loop over Hugging Face's logits."""
 
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ LOGPROBS = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=Tru
                           prompt_logprobs=2)
 PENALISED = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1,
                            repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.4)
+BIAS = {5: 3.0, 17: 2.5, 23: -100.0, 40: 1.5}
+BIASED = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, logprobs=1,
+                        logit_bias=BIAS)
 DTYPES = ["bfloat16", "float32"]
 
 
 def _generate(models, policy: str, dtype: str):
     llm = LLM(str(models["gqa_tied"]), draft_model=str(models["gqa_tied_draft"]),
               spec=SpecConfig(policy=policy), dtype=dtype, num_kv_blocks=128, block_size=4)
-    outputs = llm.generate(PROMPTS * 2, [LOGPROBS] * len(PROMPTS) + [PENALISED] * len(PROMPTS))
+    params = [LOGPROBS] * len(PROMPTS) + [PENALISED] * len(PROMPTS) + [BIASED] * len(PROMPTS)
+    outputs = llm.generate(PROMPTS * 3, params)
     return [(o.token_ids, o.logprobs, o.prompt_logprobs) for o in outputs], llm.engine.stats
 
 
@@ -52,9 +57,10 @@ def test_logprobs_and_penalties_equal_plain_decoding_bit_for_bit(tiny_models, pl
         assert stats.num_accepted_tokens > 0
 
 
-def test_penalties_change_the_greedy_output(plain):
+def test_penalties_and_bias_change_the_greedy_output(plain):
     tokens = [t for t, _, _ in plain["float32"]]
-    assert tokens[: len(PROMPTS)] != tokens[len(PROMPTS) :]
+    n = len(PROMPTS)
+    assert tokens[:n] != tokens[n : 2 * n] and tokens[:n] != tokens[2 * n :]
 
 
 def test_logprobs_are_the_targets_log_softmax(tiny_models, plain):
@@ -136,6 +142,36 @@ def test_frequency_and_presence_penalties_match_a_plain_loop(tiny_models):
         assert out.token_ids == tokens
 
 
+def test_logit_bias_matches_a_plain_loop(tiny_models):
+    """OpenAI's definition, written out: the bias added to the logits, then the argmax (a bias
+    of -100 bans its token); against Hugging Face's float32 forward."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["gqa_tied"])
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=SpecConfig(policy="fixed:4"), dtype="float32", num_kv_blocks=128,
+              block_size=4)
+    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, BIASED), strict=True):
+        tokens: list[int] = []
+        for _ in range(MAX_TOKENS):
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt + tokens])).logits[0, -1].float()
+            for token, bias in BIAS.items():
+                logits[token] += bias
+            tokens.append(int(logits.argmax()))
+        assert out.token_ids == tokens and 23 not in tokens
+
+
+def test_logit_bias_is_checked_against_the_vocabulary(tiny_models):
+    llm = LLM(str(tiny_models["gqa_tied"]), dtype="float32", num_kv_blocks=32)
+    vocab = llm.engine.pair.target.config.vocab_size
+    with pytest.raises(ValueError, match="logit_bias: token ids must lie in"):
+        llm.generate([[1, 2]], SamplingParams(logit_bias={vocab: 1.0}))
+    for bad in ({-1: 1.0}, {1: 100.5}, {1: float("nan")}, {"1": 1.0}):
+        with pytest.raises(ValueError, match="logit_bias"):
+            SamplingParams(logit_bias=bad)
+
+
 # -- the logits processing on its own -------------------------------------------------------
 
 
@@ -191,6 +227,35 @@ def test_token_counts_and_logprobs():
     expected = logits.log_softmax(-1)
     assert scored[0].logprob == float(expected[0, 0])
     assert [t for t, _ in scored[0].top] == [2, 1] and scored[1].top == ()
+
+
+def test_request_probs_add_each_rows_own_bias_first():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [1.0, 2.0, 0.5]])
+    biased = SamplingParams(temperature=0.5, logit_bias={0: 2.0, 1: -100.0})
+    greedy = SamplingParams(temperature=0.0, logit_bias={2: 1.0})
+    probs = request_probs(logits, [biased, greedy])
+    torch.testing.assert_close(probs[0], (torch.tensor([3.0, -98.0, 0.5]) / 0.5).softmax(-1))
+    assert probs[1].tolist() == [1.0, 2.0, 1.5]  # a greedy row stays logits, biased
+    assert logits.tolist() == [[1.0, 2.0, 0.5], [1.0, 2.0, 0.5]]  # the raw logits untouched
+
+
+def test_a_reduced_vocabulary_draft_biases_in_the_targets_ids():
+    from faser.spec_decode.proposer import Proposer
+
+    proposer = Proposer.__new__(Proposer)
+    proposer.token_map, proposer.target_vocab_size = torch.tensor([1, 3, 4]), 5
+    logits = torch.tensor([[1.0, 2.0, 0.5]])  # [rows, draft vocab]
+    greedy = SamplingParams(temperature=0.0, logit_bias={4: 2.0, 0: 5.0})
+    rows, _ = proposer._request_rows(logits, [greedy], [None])
+    inf = float("-inf")
+    assert rows[0].tolist() == [inf, 1.0, inf, 2.0, 2.5]  # target id 4 is biased; 0 stays out
+    tokens, _, _ = proposer._picks([_Seq(greedy)], logits, [None])
+    assert tokens == [4]
+
+
+class _Seq:
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
 
 
 def test_a_reduced_vocabulary_draft_penalises_in_the_targets_ids():

@@ -2,7 +2,7 @@
 second and third sampled tokens (the first ones decided by speculation) against their exact values
 computed from the target's own logits, with temperature and top-k applied to both models, and
 once more with penalties and min-p (whose target distribution at each position depends on the
-tokens sampled before it, drafts included)."""
+tokens sampled before it, drafts included), and once with a logit bias."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ NUM_SAMPLES = 1200
 PARAMS = dict(temperature=0.9, top_k=8, top_p=0.95)
 PENALISED = dict(PARAMS, repetition_penalty=0.8, frequency_penalty=-1.0, presence_penalty=-1.0,
                  min_p=0.05)
+BIASED = dict(PARAMS, logit_bias={2: 1.5, 5: -100.0, 7: 0.8})
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[
 @pytest.mark.parametrize("policy,frontier,params", [
     ("fixed:2", None, PARAMS), ("fixed:3", 1, PARAMS), ("off", None, PARAMS),
     ("heuristic", None, PARAMS), ("faser", None, PARAMS),
-    ("fixed:3", None, PENALISED), ("fixed:2", 1, PENALISED),
+    ("fixed:3", None, PENALISED), ("fixed:2", 1, PENALISED), ("fixed:3", None, BIASED),
 ])
 def test_speculative_sampling_matches_target_distribution(small_vocab_pair, policy, frontier,
                                                           params):

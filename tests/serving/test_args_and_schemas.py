@@ -149,7 +149,7 @@ def test_harmless_and_switched_off_fields_are_accepted(extra):
     [
         ("top_logprobs", 2),  # without logprobs: true
         ("echo", True),  # completions only
-        ("prompt_logprobs", 1), ("best_of", 2), ("logit_bias", {"50": 10}),
+        ("prompt_logprobs", 1), ("best_of", 2), ("stop_token_ids", [50]),
         ("response_format", {"type": "json_object"}), ("tools", [{"type": "function"}]),
         ("max_tokns", 5),
     ],

@@ -226,3 +226,39 @@ def test_a_model_is_looked_up_and_unknown_routes_answer_in_openai_shape(client, 
         assert response.status_code == status
         assert path in response.json()["error"]["message"]
     assert http.request("GET", "/v1/completions").headers["allow"] == "POST"
+
+
+def test_logit_bias_steers_greedy_answers_and_stays_lossless(client, http):
+    bias = {"7": 2.0, "11": 1.5, "13": -100}
+    plain = client.completions.create(prompt="Hello", **GREEDY)
+    spec = client.completions.create(prompt="Hello", **GREEDY, logit_bias=bias)
+    reference = client.completions.create(prompt="Hello", **{**GREEDY, "extra_body": off()},
+                                          logit_bias=bias)
+    assert spec.choices[0].text == reference.choices[0].text != plain.choices[0].text
+    assert spec.model_extra["speculation"]["drafted"] > 0
+    forced = client.chat.completions.create(messages=MESSAGES, **GREEDY, logit_bias={"7": 100},
+                                            logprobs=True)
+    seven = http.post("/detokenize", json={"model": "tiny", "tokens": [7]}).json()["prompt"]
+    assert [c.token for c in forced.choices[0].logprobs.content] == [seven] * 8
+
+
+def test_a_top_k_past_any_vocabulary_is_a_400_not_a_failed_step(http):
+    """10**30 once reached the step, overflowed its int64 tensor and failed every request in
+    it; any top_k up to MAX_TOP_K is taken (past the vocabulary it cuts nothing)."""
+    body = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
+    response = http.post("/v1/completions", json={**body, "top_k": 10**30})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "top_k"
+    assert http.post("/v1/completions", json={**body, "top_k": 2**31 - 1}).status_code == 200
+
+
+@pytest.mark.parametrize(("bias", "says"), [
+    ({"x": 1}, "token ids written as integers"), ({"5": 101}, "lies in [-100, 100]"),
+    ({"99999999": 1}, "outside the vocabulary"),
+    ({str(i): 1 for i in range(301)}, "at most 300"),
+])
+def test_a_bad_logit_bias_is_a_400_naming_it(http, bias, says):
+    response = http.post("/v1/completions", json={"model": "tiny", "prompt": "Hi",
+                                                  "max_tokens": 2, "logit_bias": bias})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "logit_bias" and says in error["message"], error

@@ -21,7 +21,7 @@ BODIES = {"/v1/completions": COMPLETION, "/v1/chat/completions": CHAT, "/v1/resp
 # them off; echo and top_logprobs are implemented by one endpoint each
 UNSUPPORTED = {
     "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-    "functions": [{"name": "f"}], "function_call": "auto", "logit_bias": {"5": 10},
+    "functions": [{"name": "f"}], "function_call": "auto",
     "response_format": {"type": "json_object"}, "best_of": 3, "suffix": "end",
     "prompt_logprobs": 1, "min_tokens": 2, "stop_token_ids": [5], "modalities": ["audio"],
 }
@@ -36,6 +36,7 @@ FIELDS = {
     "ignore_eos": [True, False], "speculation": [{"policy": "off"}, {"max_k": 99}],
     "slo": [{"tpot_ms": 50}, {"ttft_ms": -1}], "stream_options": [{"include_usage": True}],
     "user": ["someone"], "metadata": [{"a": "b"}],
+    "logit_bias": [{}, {"5": 10}, {"5": -100.5}, {"x": 1}, {"99999999": 1}, {"5": "a"}],
 }
 ENDPOINT_FIELDS = {
     "/v1/completions": {"logprobs": [0, 2, 5, 6, -1, True], "echo": [True, False],
