@@ -9,7 +9,8 @@ the one it restarts is up, and that replica continues after those tokens
 (deployments/continuation.py). The client sees a pause, not an error, in a stream and in a
 non-streamed answer alike, under the same id, with usage counted over the whole answer.
 
-- Greedy requests (temperature 0 or top_k 1) continue exactly as they would have.
+- Greedy requests (temperature 0, or below 1e-5, or top_k 1) continue exactly as they would
+  have.
 - Sampled requests without a seed continue from the tokens sent: the rest is drawn from the
   model's distribution given them, the very distribution an undisturbed run draws it from.
 - Sampled requests with a seed that have been sent tokens are not continued: a seed promises the
@@ -56,6 +57,7 @@ from deployments.serving import (
     StreamEvent,
     StreamStart,
 )
+from faser.sampling_params import MIN_TEMPERATURE
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -111,7 +113,8 @@ class _Progress:
         if len(self.sent_ids) != self.num_output_tokens:
             return "the tokens received do not add up to the count sent"
         request = self.request
-        if request.seed is not None and request.temperature != 0 and request.top_k != 1:
+        greedy = request.temperature < MIN_TEMPERATURE or request.top_k == 1
+        if request.seed is not None and not greedy:
             return "a sampled request with a seed cannot continue as its seed would have"
         if request.presence_penalty or request.frequency_penalty:
             return "presence and frequency penalties count only the continuation's own output"

@@ -18,7 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from faser.chat import chat_ending
 from faser.config import POLICIES, parse_policy
-from faser.sampling_params import MAX_LOGIT_BIAS, MAX_TOP_K
+from faser.sampling_params import (
+    MAX_LOGIT_BIAS,
+    MAX_REPETITION_PENALTY,
+    MAX_TOP_K,
+    MIN_REPETITION_PENALTY,
+)
 
 MAX_STOP_STRINGS = 4
 MAX_CHOICES = 64  # n times the prompts of one request: each choice is an engine request
@@ -131,7 +136,8 @@ class _SamplingRequest(_Strict):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # vLLM's extension (Hugging Face's semantics): > 1 makes a seen token less likely
-    repetition_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
+    repetition_penalty: float | None = Field(
+        default=None, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY)
     # OpenAI's: {"token id": bias}, the bias added to the token's logit before sampling
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS_TOKENS)
     # choices per prompt, each its own engine request; with a seed, choice j draws with seed + j

@@ -10,6 +10,11 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces 
 # past any vocabulary, so no cut; bounded because the step holds every request's top_k in one
 # int64 tensor, which one request's 10**30 would overflow, failing the whole batch's step
 MAX_TOP_K = 2**31 - 1
+# Logits divided by a temperature below this, or a repetition penalty outside its range, can
+# overflow float32 to inf and the distribution to NaN, which no sampler can draw from; so, as
+# vLLM does, such a temperature samples greedily, and the penalty is bounded.
+MIN_TEMPERATURE = 1e-5
+MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 1e2
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +60,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must lie in [-2, 2], got {getattr(self, name)}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must lie in [{MIN_REPETITION_PENALTY:g}, "
+                             f"{MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS):
@@ -64,8 +70,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        # temperature 0 (or top_k 1) leaves one candidate: the argmax
-        return self.temperature == 0.0 or self.top_k == 1
+        # a temperature of 0 (or below MIN_TEMPERATURE), or top_k 1, leaves the argmax alone
+        return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
     def penalised(self) -> bool:

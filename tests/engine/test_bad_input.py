@@ -26,6 +26,7 @@ def llm(tiny_models):
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"top_k": 10**30}, "top_k"),  # once failed the step of every request beside it
+    ({"repetition_penalty": 1e-300}, "repetition_penalty"),  # made logits inf, then NaN
     ({"logit_bias": {1: 101.0}}, "logit_bias"),
 ])
 def test_sampling_params_name_the_field(kwargs, field):
@@ -84,3 +85,12 @@ def test_unsupported_architecture_is_refused(tiny_models, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported architecture"):
         LLM(str(bad), num_kv_blocks=16, dtype="float32")
+
+
+def test_a_temperature_too_small_to_divide_by_samples_greedily(llm, hf_greedy):
+    """Logits over 1e-30 overflow to inf and the distribution to NaN, which no sampler can draw
+    from: such a request once failed its step (every request in it) or never finished."""
+    tiny = SamplingParams(max_tokens=8, temperature=1e-30, seed=3, ignore_eos=True)
+    assert tiny.greedy
+    prompt = [1, 2, 3, 4, 5]
+    assert llm.generate([prompt], tiny)[0].token_ids == hf_greedy("gqa_tied", prompt, 8)
