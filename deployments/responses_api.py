@@ -8,9 +8,10 @@ and `background` are refused, so the client sends the whole conversation each ti
 other endpoints, a field this server does not implement (`tools`, `reasoning`, a `text` format
 other than plain text, ...) is a 400 naming it unless it is sent switched off.
 
-An answer cut by `max_output_tokens` has status "incomplete" (reason "max_output_tokens"). A
-stream that fails after it started ends with `response.failed`, its error a stable code and a
-short message; the details go to the logs.
+An answer cut by `max_output_tokens` has status "incomplete" (reason "max_output_tokens"), and
+its stream ends with `response.incomplete`, as OpenAI's does. A stream that fails after it
+started ends with `response.failed`, its error a stable code and a short message; the details go
+to the logs.
 """
 
 from __future__ import annotations

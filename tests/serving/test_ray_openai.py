@@ -309,3 +309,20 @@ def test_tokenize_errors_name_what_is_wrong(base_url):
     assert both.status_code == 400
     other = httpx.post(f"{base_url}/tokenize", json={"model": "nope", "prompt": "a"})
     assert other.status_code == 404
+
+
+def test_the_responses_api_through_serve(client):
+    """/v1/responses over Serve's proxy and the ingress: the chat endpoint's greedy answer, and
+    the same answer in the typed stream, every block freed after."""
+    question = [{"role": "user", "content": "Hello"}]
+    chat = client.chat.completions.create(model=MODEL, messages=question, max_tokens=6,
+                                          temperature=0)
+    response = client.responses.create(model=MODEL, input=question, max_output_tokens=6,
+                                       temperature=0)
+    assert response.output_text == chat.choices[0].message.content
+    events = list(client.responses.create(model=MODEL, input="Hello", max_output_tokens=6,
+                                          temperature=0, stream=True))
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert "".join(deltas) == response.output_text
+    assert events[-1].type == f"response.{response.status}"
+    wait_all_blocks_free()
