@@ -55,11 +55,14 @@ class RefusedField(ValueError):
         self.param = param
 
 
-class _Request(BaseModel):
+class RequestBody(BaseModel):
+    """A JSON request body, parsed strictly (no type coercion); unknown keys are its subclasses'
+    concern."""
+
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class _Extension(_Request):
+class _Extension(RequestBody):
     """A field of this server's own: a key it does not know is a typo (`{"polcy": "fixed"}`),
     which ignored would leave the request as if the field were not sent."""
 
@@ -94,11 +97,11 @@ class SloOptions(_Extension):
     ttft_ms: float | None = Field(default=None, gt=0)  # time to first token
 
 
-class StreamOptions(_Request):
+class StreamOptions(RequestBody):
     include_usage: bool = False
 
 
-class _Strict(_Request):
+class NoSilentFields(RequestBody):
     """A request body that is never quietly answered as another: besides its own fields, those of
     IGNORED change no output and are ignored, those of OFF are not implemented and taken only at
     a value that turns them off, and any other field is a 400 naming it."""
@@ -124,7 +127,7 @@ class _Strict(_Request):
         return data
 
 
-class _SamplingRequest(_Strict):
+class _SamplingRequest(NoSilentFields):
     """The fields of a completion or chat request this server implements."""
 
     model: str
@@ -224,12 +227,12 @@ class CompletionRequest(_SamplingRequest):
         return list(self.prompt)  # type: ignore[arg-type]
 
 
-class TextPart(_Request):
+class TextPart(RequestBody):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Request):
+class ChatMessage(RequestBody):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart]
 
@@ -239,7 +242,7 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class _Conversation(_Request):
+class _Conversation(RequestBody):
     """Messages and how their rendering ends (vLLM's extensions, faser/chat.py): by default with
     the generation prompt; `continue_final_message` goes on inside a last assistant message."""
 
@@ -308,7 +311,7 @@ class ChatCompletionRequest(_SamplingRequest, _Conversation):
         return self.max_completion_tokens or self.max_tokens
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestBody):
     """vLLM's /tokenize: a completion prompt or a chat conversation (rendered with the chat
     template as /v1/chat/completions renders it)."""
 
@@ -325,7 +328,7 @@ class TokenizeRequest(_Request):
         return self
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestBody):
     model: str
     tokens: list[int]
 

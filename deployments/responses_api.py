@@ -27,11 +27,11 @@ from pydantic import Field, field_validator
 
 from deployments.openai_schemas import (
     IGNORED_FIELDS,
+    NoSilentFields,
     RefusedField,
+    RequestBody,
     SloOptions,
     SpeculationOptions,
-    _Request,
-    _Strict,
 )
 from deployments.responses import ENGINE_FAILED, speculation_report
 from deployments.serving import StreamEvent, StreamStart
@@ -41,13 +41,13 @@ logger = logging.getLogger(__name__)
 TEXT_FORMAT = {"format": {"type": "text"}}
 
 
-class InputText(_Request):
+class InputText(RequestBody):
     # an assistant message of the conversation carries its text as output_text
     type: Literal["input_text", "output_text"]
     text: str
 
 
-class InputMessage(_Request):
+class InputMessage(RequestBody):
     type: Literal["message"] = "message"
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[InputText]
@@ -58,7 +58,7 @@ class InputMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(NoSilentFields):
     IGNORED: ClassVar[frozenset[str]] = IGNORED_FIELDS | {"prompt_cache_retention"}
     OFF: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": ([],), "tool_choice": ("none", "auto"), "text": (TEXT_FORMAT,),
