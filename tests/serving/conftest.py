@@ -46,3 +46,21 @@ def local_app(tiny_pair):
     takes it as its http_client)."""
     yield from local_openai_app(tiny_pair)
 
+
+
+@pytest.fixture(scope="module")
+def http(local_app):
+    """fastapi's TestClient over `local_app`."""
+    from fastapi.testclient import TestClient
+
+    with TestClient(local_app) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(http):
+    """The official openai client over `http`."""
+    import openai
+
+    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
+                         max_retries=0)

@@ -9,23 +9,10 @@ import math
 
 import openai
 import pytest
-from fastapi.testclient import TestClient
 
 MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Hello, world!"}]
 GREEDY = dict(model=MODEL, temperature=0, max_tokens=8, extra_body={"ignore_eos": True})
-
-
-@pytest.fixture(scope="module")
-def http(local_app):
-    with TestClient(local_app) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def client(http):
-    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
-                         max_retries=0)
 
 
 def off(extra: dict | None = None) -> dict:

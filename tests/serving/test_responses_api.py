@@ -4,24 +4,10 @@ stream helper reads it, and clear 400s for what it does not take."""
 
 from __future__ import annotations
 
-import openai
 import pytest
-from fastapi.testclient import TestClient
 
 INSTRUCTIONS = "Answer briefly."
 QUESTION = "def add(a, b):"
-
-
-@pytest.fixture(scope="module")
-def http(local_app):
-    with TestClient(local_app) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def client(http):
-    return openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
-                         max_retries=0)
 
 
 def chat(client, messages, max_tokens):
