@@ -51,21 +51,23 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError("sampling_params: one per prompt, or a single one for all")
         ids: list[str] = []
+        done: dict[str, RequestOutput] = {}
         try:
             for prompt, sp in zip(prompts, params, strict=True):
                 ids.append(self.engine.add_request(None, prompt, sp, speculation=speculation))
-        except ValueError:
-            for request_id in ids:  # all or nothing: a bad prompt leaves no request behind
+            with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+                while self.engine.has_unfinished_requests():
+                    for out in self.engine.step():
+                        if out.finished:
+                            done[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            # all or nothing: a bad prompt, a failed step or an interrupt leaves no request
+            # behind, which the next call would otherwise step (or fail) on
+            for request_id in ids:
                 self.engine.abort_request(request_id)
             self.engine.step()
             raise
-        done: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
-            while self.engine.has_unfinished_requests():
-                for out in self.engine.step():
-                    if out.finished:
-                        done[out.request_id] = out
-                        bar.update(1)
         return [done[i] for i in ids]
 
     def chat(

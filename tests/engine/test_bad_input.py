@@ -94,3 +94,18 @@ def test_a_temperature_too_small_to_divide_by_samples_greedily(llm, hf_greedy):
     assert tiny.greedy
     prompt = [1, 2, 3, 4, 5]
     assert llm.generate([prompt], tiny)[0].token_ids == hf_greedy("gqa_tied", prompt, 8)
+
+
+def test_a_failed_step_leaves_no_request_behind(llm, hf_greedy):
+    """A row whose distribution is NaN (here a repetition penalty past its bounds, set behind
+    validation's back, as a model's own NaN would make it) fails its step; the call raises and
+    takes its requests with it, so the next call runs as if nothing had happened (it used to
+    step the failed requests forever)."""
+    broken = SamplingParams(max_tokens=8, temperature=1.0, seed=1)
+    object.__setattr__(broken, "repetition_penalty", 1e-300)
+    prompt = [1, 2, 3, 4, 5]
+    with pytest.raises((IndexError, RuntimeError)):  # the sampler finds no token with mass
+        llm.generate([prompt, [7, 8, 9]], [broken, GREEDY])
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+    assert llm.generate([prompt], GREEDY)[0].token_ids == hf_greedy("gqa_tied", prompt, 8)
