@@ -10,9 +10,10 @@ MAX_LOGIT_BIAS = 100.0  # OpenAI's range: -100 bans a token, 100 all but forces 
 # past any vocabulary, so no cut; bounded because the step holds every request's top_k in one
 # int64 tensor, which one request's 10**30 would overflow, failing the whole batch's step
 MAX_TOP_K = 2**31 - 1
-# Logits divided by a temperature below this, or a repetition penalty outside its range, can
-# overflow float32 to inf and the distribution to NaN, which no sampler can draw from; so, as
-# vLLM does, such a temperature samples greedily, and the penalty is bounded.
+# Logits divided by a temperature far below this (under 1e-38 a float32 temperature is 0 once
+# denormals flush) or by a repetition penalty far outside its range overflow to inf, and the
+# distribution to NaN, which no sampler can draw from. So, as vLLM does, a temperature below this
+# samples greedily (its distribution is all but the argmax's anyway), and the penalty is bounded.
 MIN_TEMPERATURE = 1e-5
 MIN_REPETITION_PENALTY, MAX_REPETITION_PENALTY = 1e-2, 1e2
 

@@ -88,9 +88,10 @@ def test_unsupported_architecture_is_refused(tiny_models, tmp_path):
 
 
 def test_a_temperature_too_small_to_divide_by_samples_greedily(llm, hf_greedy):
-    """Logits over 1e-30 overflow to inf and the distribution to NaN, which no sampler can draw
-    from: such a request once failed its step (every request in it) or never finished."""
-    tiny = SamplingParams(max_tokens=8, temperature=1e-30, seed=3, ignore_eos=True)
+    """1e-40 is 0 as a float32 whose denormals flush, so logits over it were inf and the
+    distribution NaN, which no sampler can draw from: such a request once failed its step, and
+    every request in it."""
+    tiny = SamplingParams(max_tokens=8, temperature=1e-40, seed=3, ignore_eos=True)
     assert tiny.greedy
     prompt = [1, 2, 3, 4, 5]
     assert llm.generate([prompt], tiny)[0].token_ids == hf_greedy("gqa_tied", prompt, 8)
