@@ -140,7 +140,12 @@ class Target:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return bearer(self.api_key)
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The request headers that carry an API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 # ---------------------------------------------------------------- one request over HTTP
@@ -581,9 +586,8 @@ def _free_port() -> int:
 
 def _models(url: str, api_key: str | None = None) -> list[str]:
     """The model names a server lists; none while it is not up."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(f"{api_base(url)}/models", timeout=10.0, headers=headers)
+        response = httpx.get(f"{api_base(url)}/models", timeout=10.0, headers=bearer(api_key))
     except httpx.HTTPError:
         return []
     if response.status_code == 401:
