@@ -98,7 +98,7 @@ def library(source: str) -> ctypes.CDLL:
 
 @functools.cache
 def _load(source: str, target: str) -> ctypes.CDLL:
-    return ctypes.CDLL(str(_build(HERE / source, FLAGS[target])))
+    return ctypes.CDLL(str(_build(HERE / source, target)))
 
 
 @functools.cache
@@ -111,12 +111,14 @@ def sources_digest() -> str:
     return hashlib.sha256(b"".join(texts) + flags.encode()).hexdigest()[:16]
 
 
-def _build(source: Path, flags: tuple[str, ...]) -> Path:
-    """Built once per source text (its siblings included) and flags; concurrent builders each
-    leave a whole file."""
+def _build(source: Path, target: str) -> Path:
+    """Built once per source text (its siblings included), flags and instruction set; concurrent
+    builders each leave a whole file. The set is in the file's name because one source builds
+    for either (cpu_decoder.c), and a cache may be shared by processes or hosts that run
+    different sets."""
     digest = sources_digest()
     cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "faser") / "kernels"
-    path = cache / f"{source.stem}-{digest}.so"
+    path = cache / f"{source.stem}-{target}-{digest}.so"
     if path.exists():
         return path
     compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
@@ -125,7 +127,7 @@ def _build(source: Path, flags: tuple[str, ...]) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         built = Path(tmp) / path.name
-        done = subprocess.run([compiler, *flags, str(source), "-o", str(built)],
+        done = subprocess.run([compiler, *FLAGS[target], str(source), "-o", str(built)],
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip()[-2000:])

@@ -33,3 +33,14 @@ def test_the_avx2_builds_in_a_fresh_process():
     )
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and " failed" not in done.stdout
+
+
+def test_each_instruction_set_builds_its_own_file(tmp_path, monkeypatch):
+    """cpu_decoder.c builds for either set: a cache that one process (or host) filled for one set
+    must not hand another its library."""
+    monkeypatch.setenv(cpu_build.CACHE_ENV, str(tmp_path / "cache"))
+    source = tmp_path / "one.c"
+    source.write_text("int one(void) { return 1; }\n")
+    built = {target: cpu_build._build(source, target) for target in sorted(cpu_build.FLAGS)}
+    assert len(set(built.values())) == len(built)
+    assert all(path.exists() and target in path.name for target, path in built.items())
