@@ -27,6 +27,7 @@ from faser.runner.profiler import (
     CostProfile,
     checkpoint_fingerprint,
     decode_timer,
+    hardware_name,
     load_or_profile,
     profile_key,
 )
@@ -98,9 +99,9 @@ class LLMEngine:
         return max(4, slots // self.config.block_size)
 
     def _profile(self) -> CostProfile:
-        """The step-cost profile, measured once per model pair, device, dtype and thread count and
-        cached on disk, on blocks borrowed from the pool so that no live request's cache is
-        touched."""
+        """The step-cost profile, measured once per model pair, device (and its model), dtype and
+        thread count and cached on disk, on blocks borrowed from the pool so that no live
+        request's cache is touched."""
         config, pair = self.config, self.pair
         models = "+".join(checkpoint_fingerprint(d) for d in (pair.target_dir, pair.draft_dir))
         layout = pair.weight_format
@@ -112,7 +113,8 @@ class LLMEngine:
             layout = f"{layout}@{cpu_build.sources_digest()}-{cpu_build.isa()}"
             if pair.weight_format == "packed" and huge_pages.available():
                 layout = f"{layout}+huge-pages"
-        key = profile_key(models, config.device, config.dtype, config.num_threads, layout)
+        key = profile_key(models, config.device, config.dtype, config.num_threads, layout,
+                          hardware_name(config.device))
         table: list[int] = []
         if not self.blocks.allocate("profile", table, PROFILE_CONTEXT):
             raise RuntimeError("no free KV blocks to profile the step cost on")

@@ -127,11 +127,36 @@ def profile(
 
 
 def profile_key(
-    model: str, device: str, dtype: str, num_threads: int | None, weight_format: str = "dense"
+    model: str, device: str, dtype: str, num_threads: int | None, weight_format: str = "dense",
+    hardware: str = "",
 ) -> str:
-    """A profile holds only for the hardware, precision, weight layout and threads it ran on."""
-    key = f"{model}|{device}|{dtype}|threads={num_threads if num_threads else 'default'}"
+    """A profile holds only for the hardware, precision, weight layout and threads it ran on;
+    `hardware` names the device's model (`hardware_name`), so that a cache shared by hosts of
+    different CPUs or GPUs gives each its own."""
+    where = f"{device}={hardware}" if hardware else device
+    key = f"{model}|{where}|{dtype}|threads={num_threads if num_threads else 'default'}"
     return key if weight_format == "dense" else f"{key}|weights={weight_format}"
+
+
+def hardware_name(device: str) -> str:
+    """A CUDA device's name; a CPU's vendor, family, model and name, as /proc/cpuinfo gives them
+    (the name alone can be as vague as "AMD EPYC" under a hypervisor)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown cpu"
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's fields
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    parts = [fields.get(f, "") for f in ("vendor_id", "cpu family", "model", "model name")]
+    return " ".join(p for p in parts if p) or "unknown cpu"
 
 
 def checkpoint_fingerprint(path: str | os.PathLike | None) -> str:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from faser.runner.profiler import (
     CostProfile,
     cache_path,
     checkpoint_fingerprint,
+    hardware_name,
     load_or_profile,
     load_profile,
     profile,
@@ -196,6 +198,18 @@ def test_profile_key_names_what_the_profile_was_measured_on():
     assert profile_key("m", "cuda", "bfloat16", None) == "m|cuda|bfloat16|threads=default"
     packed = profile_key("m", "cpu", "float32", 4, "packed")
     assert packed == "m|cpu|float32|threads=4|weights=packed"
+    epyc = profile_key("m", "cpu", "float32", 4, "packed", "AuthenticAMD 25 17 AMD EPYC")
+    assert epyc == "m|cpu=AuthenticAMD 25 17 AMD EPYC|float32|threads=4|weights=packed"
+
+
+def test_a_cpus_name_tells_its_generation_apart():
+    """Under a hypervisor the model name may say only "AMD EPYC": family and model tell a Zen 3
+    from a Zen 4, whose costs differ."""
+    name = hardware_name("cpu")
+    assert name and name == hardware_name("cpu")
+    info = Path("/proc/cpuinfo")
+    if info.exists() and "cpu family" in info.read_text():
+        assert any(ch.isdigit() for ch in name)
 
 
 def test_a_checkpoint_replaced_in_place_gets_a_new_key(tmp_path) -> None:
