@@ -186,12 +186,16 @@ class Speculator:
         )
 
     def _fit(self, decodes, groups: dict[str, _Group], budget: int) -> list[int]:
-        """Caps each request's k by its plan, the token budget and the free KV blocks (never
-        preempting anyone for speculation)."""
+        """Caps each request's k by its plan, the tokens it has left, the token budget and the
+        free KV blocks (never preempting anyone for speculation). A request with n tokens left
+        drafts at most n - 1: the bonus token is its n-th, and a draft past it would be verified
+        for nothing."""
         cursors = {name: iter(g.plan.max_k) for name, g in groups.items()}
         max_k = []
         for seq in decodes:
-            k = min(next(cursors[seq.spec_state.policy]), seq.spec_state.max_k, budget)
+            left = seq.params.max_tokens - len(seq.output_token_ids) - 1
+            k = min(next(cursors[seq.spec_state.policy]), seq.spec_state.max_k, budget, left)
+            k = max(0, k)
             if k > 0 and (self.proposer is None or not self._reserve(seq, seq.num_tokens + k)):
                 k = 0
             budget -= k

@@ -21,6 +21,7 @@ from faser.spec_decode.features import TargetFeatures
 from tests.engine.test_sampling_distribution import (
     PARAMS,
     PROMPT,
+    SAMPLED_TOKENS,
     VOCAB,
     assert_marginals_match,
 )
@@ -145,7 +146,7 @@ def test_sampling_keeps_the_target_distribution(tmp_path_factory):
     llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
               num_kv_blocks=4096, block_size=4, max_num_seqs=128, max_num_batched_tokens=1024,
               dtype="float32")
-    params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
+    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **PARAMS)
               for i in range(1200)]
     outputs = llm.generate([PROMPT] * 1200, params)
     assert_marginals_match(outputs, target)

@@ -157,3 +157,18 @@ def test_auto_layout_is_decided_once_for_the_pair(tiny_models):
     llm, _ = run(tiny_models, "gqa_tied", "off")
     expected = "packed" if packed_reason("cpu", "float32") is None else "dense"
     assert llm.engine.pair.weight_format == expected
+
+
+@pytest.mark.parametrize("max_tokens", [2, 3, 5])
+def test_a_request_drafts_no_more_than_it_has_tokens_left(tiny_models, hf_greedy, max_tokens):
+    """n tokens left, at most n - 1 drafted: the bonus token is the n-th. After the prefill's
+    token, each step commits at least one, so m tokens allow at most (m - 2) + (m - 3) + ... + 0
+    drafts; two leave nothing to draft."""
+    llm = LLM(str(tiny_models["gqa_tied"]), draft_model=str(tiny_models["gqa_tied_draft"]),
+              spec=SpecConfig(policy="fixed:8"), num_kv_blocks=96, block_size=4,
+              dtype="float32")
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for prompt in PROMPTS:
+        out = llm.generate([prompt], params)[0]
+        assert out.token_ids == hf_greedy("gqa_tied", prompt, max_tokens)
+        assert out.spec_stats.num_draft_tokens <= (max_tokens - 2) * (max_tokens - 1) // 2

@@ -17,6 +17,7 @@ from tests.engine.test_sampling_distribution import (  # noqa: F401  (a fixture)
     NUM_SAMPLES,
     PARAMS,
     PROMPT,
+    SAMPLED_TOKENS,
     assert_marginals_match,
     small_vocab_pair,
 )
@@ -113,7 +114,7 @@ def test_overlap_keeps_the_sampling_distribution(small_vocab_pair, policy, front
     target, draft = small_vocab_pair
     llm = overlapped(target, draft, policy, frontier, num_kv_blocks=4096, max_num_seqs=128,
                      max_num_batched_tokens=1024)
-    params = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **PARAMS)
+    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **PARAMS)
               for i in range(NUM_SAMPLES)]
     outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
     assert_marginals_match(outputs, target)

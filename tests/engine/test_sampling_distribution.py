@@ -19,6 +19,10 @@ from tests.spec_decode.spec_profiles import roofline
 VOCAB = 12
 PROMPT = [1, 2, 3]
 NUM_SAMPLES = 1200
+# tokens 2 and 3 are checked; a request drafts at most the tokens it has left but one, so with 5
+# the first decoding step drafts up to three (tokens 2 to 4, the 5th its bonus): tokens 2 and 3
+# are drafted ones, accepted or resampled
+SAMPLED_TOKENS = 5
 PARAMS = dict(temperature=0.9, top_k=8, top_p=0.95)
 PENALISED = dict(PARAMS, repetition_penalty=0.8, frequency_penalty=-1.0, presence_penalty=-1.0,
                  min_p=0.05)
@@ -100,7 +104,7 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, poli
               max_num_batched_tokens=1024, dtype="float32")
     # a memory-bound profile, so that faser speculates on models this small
     llm.engine.speculator.use_cost_profile(roofline())
-    sampling = [SamplingParams(max_tokens=3, seed=i, ignore_eos=True, **params)
+    sampling = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **params)
                 for i in range(NUM_SAMPLES)]
     # faser drafts only at low load with no queue: waves of max_num_seqs requests
     outputs = [out for i in range(0, NUM_SAMPLES, max_num_seqs)
