@@ -189,7 +189,8 @@ class _Handler:
         return JSONResponse(body, headers=headers)
 
     async def tokens(self, body: bytes, schema: type[BaseModel]) -> JSONResponse:
-        """/tokenize and /detokenize: answered by an engine replica, which holds the tokenizer."""
+        """/tokenize and /detokenize: answered by the client's renderer (the ingress's copy of the
+        engines' tokenizer), not queued behind generation."""
         try:
             request = schema.model_validate_json(body)
         except ValidationError as exc:

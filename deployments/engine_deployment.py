@@ -19,7 +19,7 @@ from deployments.args import AppArgs
 from deployments.autoscaling import replicas_that_fit
 from deployments.metrics import ReplicaMetrics
 from deployments.routing_policy import load_from_stats, replica_score
-from deployments.serving import GenerateRequest, OpenAIServing, RequestError, StreamEvent
+from deployments.serving import GenerateRequest, OpenAIServing, Renderer, StreamEvent
 from faser.engine.async_engine import AsyncLLMEngine
 
 
@@ -64,11 +64,10 @@ class FaserEngine:
     async def model_name(self) -> str:
         return self.served_model_name
 
-    async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
-        return self.serving.tokenize(request)
-
-    async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
-        return self.serving.detokenize(ids)
+    async def renderer(self) -> Renderer:
+        """The model's tokenizer and context window, for the ingress's /tokenize and
+        /detokenize."""
+        return self.serving.renderer
 
     async def generate(
         self, request: GenerateRequest, cluster_load: float | None = None

@@ -53,6 +53,7 @@ from deployments.router import CLUSTER_LOAD_KWARG
 from deployments.serving import (
     GenerateRequest,
     OpenAIServing,
+    Renderer,
     RequestError,
     StreamEvent,
     StreamStart,
@@ -158,6 +159,7 @@ class RayEngineClient:
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle
         self._model_name: str | None = None
+        self._renderer: Renderer | None = None
         self._asking = asyncio.Lock()
 
     async def model_name(self) -> str:
@@ -170,10 +172,20 @@ class RayEngineClient:
         return self._model_name
 
     async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
-        return await _unary(self.handle.tokenize.remote(request))
+        return (await self._renderer_copy()).tokenize(request)
 
     async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
-        return await _unary(self.handle.detokenize.remote(ids))
+        return (await self._renderer_copy()).detokenize(ids)
+
+    async def _renderer_copy(self) -> Renderer:
+        """The engines' renderer, fetched once, as the model's name is: from then on /tokenize
+        and /detokenize are answered here, and never wait in the engines' queues behind
+        generation (seconds under load, or a 503 once the queues are full)."""
+        if self._renderer is None:
+            async with self._asking:
+                if self._renderer is None:
+                    self._renderer = await _unary(self.handle.renderer.remote())
+        return self._renderer
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         progress = _Progress(request)
@@ -248,10 +260,10 @@ class LocalEngineClient:
         return self._model_name
 
     async def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
-        return self.serving.tokenize(request)
+        return self.serving.renderer.tokenize(request)
 
     async def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
-        return self.serving.detokenize(ids)
+        return self.serving.renderer.detokenize(ids)
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         return self.serving.stream(request)

@@ -3,7 +3,9 @@ and one event stream per request.
 
 A stream opens with exactly one StreamStart or RequestError and then carries StreamDelta until
 the one with `finished` set. These plain dataclasses are what crosses from the engine replica to
-the HTTP ingress, so the ingress needs neither the tokenizer nor the engine.
+the HTTP ingress, so the ingress needs neither the tokenizer nor the engine to serve generation;
+it fetches a copy of the Renderer (the tokenizer and the context window) once, for /tokenize and
+/detokenize alone.
 """
 
 from __future__ import annotations
@@ -86,6 +88,59 @@ class BadRequest(ValueError):
 StreamEvent = StreamStart | StreamDelta | RequestError
 
 
+class Renderer:
+    """A request's prompt or conversation into token ids, checked against the vocabulary; and
+    /tokenize and /detokenize. Picklable, so that the ingress keeps a copy to answer those two
+    itself, never queueing them behind generation in the engines' queues."""
+
+    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+
+    def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
+        """The token ids the engine would see for this prompt or conversation (vLLM's shape)."""
+        try:
+            ids = self.render(request)
+        except BadRequest as exc:
+            return RequestError(400, str(exc), exc.param)
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
+
+    def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
+        if self.tokenizer is None:
+            return RequestError(400, "this model has no tokenizer", "tokens")
+        try:
+            self.check_ids(ids, "tokens")
+        except BadRequest as exc:
+            return RequestError(400, str(exc), exc.param)
+        return {"prompt": self.tokenizer.decode(ids)}
+
+    def render(self, request: GenerateRequest) -> list[int]:
+        if request.kind == "chat":
+            return self._render_chat(request)
+        if isinstance(request.prompt, list):
+            return self.check_ids(request.prompt)
+        if self.tokenizer is None:
+            raise BadRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
+        return list(self.tokenizer.encode(request.prompt, add_special_tokens=False))
+
+    def _render_chat(self, request: GenerateRequest) -> list[int]:
+        try:
+            return render_chat(
+                self.tokenizer, request.messages,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+            )
+        except ValueError as exc:
+            raise BadRequest(str(exc), "messages") from exc
+
+    def check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
+        vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
+        for token_id in ids:
+            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
+                raise BadRequest(f"token id {token_id} lies outside the vocabulary", param)
+        return ids
+
+
 class OpenAIServing:
     """Renders requests into token ids and sampling parameters and streams the engine's work."""
 
@@ -101,6 +156,7 @@ class OpenAIServing:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        self.renderer = Renderer(tokenizer, max_model_len)
         self.replica = replica
         self.policy = policy
         self.default_slo = default_slo or {}  # the deployment's; a request's own fields win
@@ -139,23 +195,6 @@ class OpenAIServing:
         finally:
             await outputs.aclose()  # aborts the request if the consumer left early
 
-    def tokenize(self, request: GenerateRequest) -> dict[str, Any] | RequestError:
-        """The token ids the engine would see for this prompt or conversation (vLLM's shape)."""
-        try:
-            ids = self._render(request)
-        except BadRequest as exc:
-            return RequestError(400, str(exc), exc.param)
-        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids}
-
-    def detokenize(self, ids: list[int]) -> dict[str, Any] | RequestError:
-        if self.tokenizer is None:
-            return RequestError(400, "this model has no tokenizer", "tokens")
-        try:
-            self._check_ids(ids, "tokens")
-        except BadRequest as exc:
-            return RequestError(400, str(exc), exc.param)
-        return {"prompt": self.tokenizer.decode(ids)}
-
     def _start(
         self, request_id: str, request: GenerateRequest, prompt_ids: list[int],
         first: RequestOutput,
@@ -180,7 +219,7 @@ class OpenAIServing:
         return delta
 
     def prompt_ids(self, request: GenerateRequest) -> list[int]:
-        ids = self._render(request)
+        ids = self.renderer.render(request)
         if not ids:
             raise BadRequest("the prompt is empty", "prompt")
         if len(ids) >= self.max_model_len:
@@ -204,7 +243,7 @@ class OpenAIServing:
                 f"{max_tokens} in the completion)",
                 "max_tokens",
             )
-        self._check_ids([token_id for token_id, _ in request.logit_bias], "logit_bias")
+        self.renderer.check_ids([token_id for token_id, _ in request.logit_bias], "logit_bias")
         return SamplingParams(
             # max_tokens 0 (echo): the engine samples a token after the prompt, which no one sees
             max_tokens=max(1, max_tokens),
@@ -228,33 +267,6 @@ class OpenAIServing:
         if self.tokenizer is None:
             return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
-
-    def _render(self, request: GenerateRequest) -> list[int]:
-        if request.kind == "chat":
-            return self._render_chat(request)
-        if isinstance(request.prompt, list):
-            return self._check_ids(request.prompt)
-        if self.tokenizer is None:
-            raise BadRequest("this model has no tokenizer: send the prompt as token ids", "prompt")
-        return list(self.tokenizer.encode(request.prompt, add_special_tokens=False))
-
-    def _render_chat(self, request: GenerateRequest) -> list[int]:
-        try:
-            return render_chat(
-                self.tokenizer, request.messages,
-                add_generation_prompt=request.add_generation_prompt,
-                continue_final_message=request.continue_final_message,
-            )
-        except ValueError as exc:
-            raise BadRequest(str(exc), "messages") from exc
-
-    def _check_ids(self, ids: list[int], param: str = "prompt") -> list[int]:
-        vocab_size = len(self.tokenizer) if self.tokenizer is not None else None
-        for token_id in ids:
-            if token_id < 0 or (vocab_size is not None and token_id >= vocab_size):
-                raise BadRequest(f"token id {token_id} lies outside the vocabulary", param)
-        return ids
-
 
 def _prompt_only(first: RequestOutput, request: GenerateRequest) -> StreamDelta:
     """The end of a max_tokens 0 answer: no output token, finished for its length."""

@@ -275,7 +275,7 @@ def test_switched_off_fields_and_top_k_are_served(client):
 
 def test_choices_and_logprobs_cross_ray(client):
     """n = 2 fans out into two engine requests, each routed on its own; the logprobs' token
-    texts come from the replica (the ingress holds no tokenizer)."""
+    texts come from the replica, which renders and decodes every generation."""
     kwargs = dict(model=MODEL, prompt="Hello", max_tokens=5, temperature=0, n=2, logprobs=2,
                   echo=True, extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
     done = client.completions.create(**kwargs)
