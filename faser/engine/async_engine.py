@@ -4,7 +4,8 @@ Only the loop thread ever touches the engine, from building it on: adds, aborts 
 cluster-load signal are queued as commands and applied between steps, so the engine needs no
 lock and a request is validated (and rejected with ValueError) before its stream starts. A
 stream that is closed or cancelled before its request finishes aborts the request, which frees
-its KV blocks before the next step.
+its KV blocks before the next step. A step that raises fails the requests it ran, not those
+still waiting for a place.
 
 A request's outputs reach its stream at most once per `stream_interval_s` (its first token and
 its end at once), and less often while so many streams are open that together they would be
@@ -229,8 +230,8 @@ class AsyncLLMEngine:
             try:
                 outputs = self.engine.step()
             except Exception as exc:
-                logger.exception("engine step failed; failing its requests")
-                self._fail_all(exc)
+                logger.exception("engine step failed; failing the requests it ran")
+                self._fail(exc)
                 continue
             self._stats = dict(self.engine.load_stats())
             self._dispatch(outputs)
@@ -269,12 +270,16 @@ class AsyncLLMEngine:
             return self.stream_interval_s
         return max(self.stream_interval_s, len(self._streams) / self.stream_deltas_per_s)
 
-    def _fail_all(self, exc: Exception) -> None:
-        for request_id, stream in list(self._streams.items()):
+    def _fail(self, exc: Exception) -> None:
+        """Fails the requests the failed step ran; those still waiting go on, and meet the fault
+        in their own step if it was not one request's. With none running (the step failed
+        before any ran), every request fails, so that a fault on every step cannot loop."""
+        ran = self.engine.running_request_ids() or list(self._streams)
+        for request_id in ran:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(request_id)
-            _deliver(stream, [RuntimeError(f"engine step failed: {exc}")])
-        self._streams.clear()
+            if (stream := self._streams.pop(request_id, None)) is not None:
+                _deliver(stream, [RuntimeError(f"engine step failed: {exc}")])
 
 
 def _merged(

@@ -219,6 +219,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
+    def running_request_ids(self) -> list[str]:
+        """The requests a step runs (or, after a step failed, ran): those waiting have no state
+        a step touched (a preempted one keeps only tokens that earlier steps committed)."""
+        return [seq.request_id for seq in self.scheduler.running]
+
     # -- the step ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:

@@ -160,3 +160,31 @@ def test_building_the_engine_fails_in_the_constructor(tiny_pair):
 
     with pytest.raises(RuntimeError, match="no such model"):
         AsyncLLMEngine(broken)
+
+
+def test_a_failed_step_fails_the_requests_it_ran_and_no_others(tiny_pair):
+    """A row whose distribution is NaN (a repetition penalty past its bounds, set behind
+    validation's back, as a model's own NaN would make it) fails its step: its request fails,
+    while one waiting for a place (one sequence at a time) is served as if nothing happened."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          max_num_seqs=1, num_threads=1)
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    broken = SamplingParams(max_tokens=8, temperature=1.0, seed=1)
+    object.__setattr__(broken, "repetition_penalty", 1e-300)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        return await asyncio.gather(collect(engine, "broken", [1, 2, 3, 4, 5], broken),
+                                    collect(engine, "waiting", [7, 8, 9], greedy),
+                                    return_exceptions=True)
+
+    try:
+        failed, served = asyncio.run(run())
+        alone = asyncio.run(collect(engine, "alone", [7, 8, 9], greedy))
+        assert isinstance(failed, RuntimeError) and "engine step failed" in str(failed)
+        assert not isinstance(served, BaseException), served
+        assert served[-1].token_ids == alone[-1].token_ids and len(alone[-1].token_ids) == 8
+        assert engine.engine.num_free_blocks == engine.engine.num_total_blocks
+    finally:
+        engine.shutdown()
