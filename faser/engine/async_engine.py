@@ -271,15 +271,16 @@ class AsyncLLMEngine:
         return max(self.stream_interval_s, len(self._streams) / self.stream_deltas_per_s)
 
     def _fail(self, exc: Exception) -> None:
-        """Fails the requests the failed step ran; those still waiting go on, and meet the fault
-        in their own step if it was not one request's. With none running (the step failed
-        before any ran), every request fails, so that a fault on every step cannot loop."""
-        ran = self.engine.running_request_ids() or list(self._streams)
-        for request_id in ran:
+        """Fails every request but those still waiting for a place, which go on and meet the
+        fault in their own step if it was not one request's: the step ran the others (or
+        finished one before it raised, whose end was never sent). With every request waiting
+        (the step failed before any ran), all fail, so that a fault on every step cannot loop."""
+        waiting = set(self.engine.waiting_request_ids())
+        failed = [r for r in self._streams if r not in waiting] or list(self._streams)
+        for request_id in failed:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(request_id)
-            if (stream := self._streams.pop(request_id, None)) is not None:
-                _deliver(stream, [RuntimeError(f"engine step failed: {exc}")])
+            _deliver(self._streams.pop(request_id), [RuntimeError(f"engine step failed: {exc}")])
 
 
 def _merged(

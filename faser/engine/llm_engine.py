@@ -219,10 +219,10 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
-    def running_request_ids(self) -> list[str]:
-        """The requests a step runs (or, after a step failed, ran): those waiting have no state
-        a step touched (a preempted one keeps only tokens that earlier steps committed)."""
-        return [seq.request_id for seq in self.scheduler.running]
+    def waiting_request_ids(self) -> list[str]:
+        """The requests waiting for a place: a step has not touched their state (a preempted one
+        keeps only the tokens that earlier steps committed)."""
+        return [seq.request_id for seq in self.scheduler.waiting]
 
     # -- the step ---------------------------------------------------------------------------
 
@@ -247,10 +247,10 @@ class LLMEngine:
                 progressed.append((seq, self._append(seq, [token])))
             else:
                 self.scheduler.cache_prefix(seq)
+        # taken before any output is built: a step that raises on one never repeats an abort
+        aborted, self._aborted = self._aborted, []
         outputs = [self._output(seq, new) for seq, new in progressed]
-        outputs += [self._output(seq, []) for seq in self._aborted]
-        self._aborted.clear()
-        return outputs
+        return outputs + [self._output(seq, []) for seq in aborted]
 
     def _append(self, seq: Sequence, token_ids: list[int]) -> list[int]:
         new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)

@@ -3,6 +3,7 @@ validation before the stream starts, and an abandoned stream freeing its KV bloc
 
 import asyncio
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -186,5 +187,68 @@ def test_a_failed_step_fails_the_requests_it_ran_and_no_others(tiny_pair):
         assert not isinstance(served, BaseException), served
         assert served[-1].token_ids == alone[-1].token_ids and len(alone[-1].token_ids) == 8
         assert engine.engine.num_free_blocks == engine.engine.num_total_blocks
+    finally:
+        engine.shutdown()
+
+
+def test_a_request_that_finished_in_a_failed_step_is_not_left_hanging(tiny_pair):
+    """A step can finish one request and then raise on another's output: the finished one's end
+    was never sent, so it fails with the step rather than wait for an end that never comes."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          max_num_seqs=2, num_threads=1, spec=SpecConfig(policy="off"))
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    build_output = engine.engine._output
+
+    def failing(seq, new):  # raises on "long" in the step that finishes "short"
+        if seq.request_id == "long" and len(seq.output_token_ids) == 2 and not seq.finish_reason:
+            raise RuntimeError("no output for long")
+        return build_output(seq, new)
+
+    engine.engine._output = failing
+
+    def params(n: int) -> SamplingParams:
+        return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        return await asyncio.wait_for(asyncio.gather(
+            collect(engine, "short", [1, 2, 3], params(2)),
+            collect(engine, "long", [4, 5, 6], params(8)), return_exceptions=True), 30)
+
+    try:
+        short, long = asyncio.run(run())
+        assert isinstance(long, RuntimeError) and "engine step failed" in str(long)
+        assert isinstance(short, RuntimeError), short
+    finally:
+        engine.shutdown()
+
+
+def test_a_step_that_raises_on_an_abort_does_not_raise_again(tiny_pair):
+    """An aborted request leaves the engine in the next step's outputs; a step that raised while
+    building them used to keep the abort, raise again on every step and fail every later
+    request."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          num_threads=1, spec=SpecConfig(policy="off"))
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    build_output = engine.engine._output
+
+    def failing(seq, new):
+        if seq.finish_reason == "abort":
+            raise RuntimeError("no output for an abort")
+        return build_output(seq, new)
+
+    engine.engine._output = failing
+    greedy = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
+
+    async def run():
+        stream = engine.generate("leaver", [3, 4, 5], greedy)
+        await anext(stream)
+        await stream.aclose()  # the abort
+        await wait_until(lambda: not engine.engine.has_unfinished_requests(), timeout_s=5.0)
+        return await collect(engine, "next", [3, 4, 5], replace(greedy, max_tokens=4))
+
+    try:
+        assert len(asyncio.run(run())[-1].token_ids) == 4
     finally:
         engine.shutdown()
