@@ -154,14 +154,20 @@ class OpenAIServing:
         default_slo: dict[str, float] | None = None,
     ) -> None:
         self.engine = engine
-        self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
         self.renderer = Renderer(tokenizer, max_model_len)
         self.replica = replica
         self.policy = policy
         self.default_slo = default_slo or {}  # the deployment's; a request's own fields win
         # a token's text for logprobs, decoded once per token id
         self.token_text = functools.lru_cache(maxsize=1 << 16)(self._token_text)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.renderer.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.renderer.max_model_len
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         request_id = uuid.uuid4().hex

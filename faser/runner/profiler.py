@@ -23,6 +23,7 @@ from pathlib import Path
 from faser.models.model_cache import cache_root
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
+from faser_kernels import cpu_build
 
 PROFILE_CONTEXT = 64  # cached tokens each profiled request attends to
 # dense where one request's k decides (a CPU's step can jump between 2 and 4 tokens), then
@@ -145,17 +146,8 @@ def hardware_name(device: str) -> str:
         import torch
 
         return torch.cuda.get_device_name(torch.device(device))
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown cpu"
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's fields
-        name, _, value = line.partition(":")
-        fields.setdefault(name.strip(), value.strip())
-    parts = [fields.get(f, "") for f in ("vendor_id", "cpu family", "model", "model name")]
+    info = cpu_build.cpu_info()
+    parts = [info.get(f, "") for f in ("vendor_id", "cpu family", "model", "model name")]
     return " ".join(p for p in parts if p) or "unknown cpu"
 
 

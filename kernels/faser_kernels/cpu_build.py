@@ -50,13 +50,24 @@ CACHE_ENV = "FASER_CACHE"
 ISA_ENV = "FASER_CPU_ISA"
 
 
-def cpu_flags() -> frozenset[str]:
+def cpu_info() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ("flags", "model name", ...); empty where
+    there is no such file."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return frozenset()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def cpu_flags() -> frozenset[str]:
+    return frozenset(cpu_info().get("flags", "").split())
 
 
 @functools.cache

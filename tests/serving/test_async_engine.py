@@ -2,7 +2,9 @@
 validation before the stream starts, and an abandoned stream freeing its KV blocks at once."""
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -40,6 +42,19 @@ async def wait_until(predicate, timeout_s=5.0):
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached in time"
         await asyncio.sleep(0.01)
+
+
+@contextlib.contextmanager
+def tiny_engine(tiny_pair, **fields) -> Iterator[AsyncLLMEngine]:
+    """An async engine of its own over the tiny pair, shut down after."""
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          num_threads=1, **fields)
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
 
 
 def test_concurrent_streams_finish_and_free_their_blocks(engine):
@@ -167,88 +182,71 @@ def test_a_failed_step_fails_the_requests_it_ran_and_no_others(tiny_pair):
     """A row whose distribution is NaN (a repetition penalty past its bounds, set behind
     validation's back, as a model's own NaN would make it) fails its step: its request fails,
     while one waiting for a place (one sequence at a time) is served as if nothing happened."""
-    target, draft = tiny_pair
-    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
-                          max_num_seqs=1, num_threads=1)
-    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
     broken = SamplingParams(max_tokens=8, temperature=1.0, seed=1)
     object.__setattr__(broken, "repetition_penalty", 1e-300)
     greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
-    async def run():
+    async def run(engine):
         return await asyncio.gather(collect(engine, "broken", [1, 2, 3, 4, 5], broken),
                                     collect(engine, "waiting", [7, 8, 9], greedy),
                                     return_exceptions=True)
 
-    try:
-        failed, served = asyncio.run(run())
+    with tiny_engine(tiny_pair, max_num_seqs=1) as engine:
+        failed, served = asyncio.run(run(engine))
         alone = asyncio.run(collect(engine, "alone", [7, 8, 9], greedy))
         assert isinstance(failed, RuntimeError) and "engine step failed" in str(failed)
         assert not isinstance(served, BaseException), served
         assert served[-1].token_ids == alone[-1].token_ids and len(alone[-1].token_ids) == 8
         assert engine.engine.num_free_blocks == engine.engine.num_total_blocks
-    finally:
-        engine.shutdown()
 
 
 def test_a_request_that_finished_in_a_failed_step_is_not_left_hanging(tiny_pair):
     """A step can finish one request and then raise on another's output: the finished one's end
     was never sent, so it fails with the step rather than wait for an end that never comes."""
-    target, draft = tiny_pair
-    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
-                          max_num_seqs=2, num_threads=1, spec=SpecConfig(policy="off"))
-    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
-    build_output = engine.engine._output
-
-    def failing(seq, new):  # raises on "long" in the step that finishes "short"
-        if seq.request_id == "long" and len(seq.output_token_ids) == 2 and not seq.finish_reason:
-            raise RuntimeError("no output for long")
-        return build_output(seq, new)
-
-    engine.engine._output = failing
 
     def params(n: int) -> SamplingParams:
         return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
 
-    async def run():
+    async def run(engine):
         return await asyncio.wait_for(asyncio.gather(
             collect(engine, "short", [1, 2, 3], params(2)),
             collect(engine, "long", [4, 5, 6], params(8)), return_exceptions=True), 30)
 
-    try:
-        short, long = asyncio.run(run())
+    with tiny_engine(tiny_pair, max_num_seqs=2, spec=SpecConfig(policy="off")) as engine:
+        build_output = engine.engine._output
+
+        def failing(seq, new):  # raises on "long" in the step that finishes "short"
+            if (seq.request_id == "long" and len(seq.output_token_ids) == 2
+                    and not seq.finish_reason):
+                raise RuntimeError("no output for long")
+            return build_output(seq, new)
+
+        engine.engine._output = failing
+        short, long = asyncio.run(run(engine))
         assert isinstance(long, RuntimeError) and "engine step failed" in str(long)
         assert isinstance(short, RuntimeError), short
-    finally:
-        engine.shutdown()
 
 
 def test_a_step_that_raises_on_an_abort_does_not_raise_again(tiny_pair):
     """An aborted request leaves the engine in the next step's outputs; a step that raised while
     building them used to keep the abort, raise again on every step and fail every later
     request."""
-    target, draft = tiny_pair
-    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
-                          num_threads=1, spec=SpecConfig(policy="off"))
-    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
-    build_output = engine.engine._output
-
-    def failing(seq, new):
-        if seq.finish_reason == "abort":
-            raise RuntimeError("no output for an abort")
-        return build_output(seq, new)
-
-    engine.engine._output = failing
     greedy = SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True)
 
-    async def run():
+    async def run(engine):
         stream = engine.generate("leaver", [3, 4, 5], greedy)
         await anext(stream)
         await stream.aclose()  # the abort
         await wait_until(lambda: not engine.engine.has_unfinished_requests(), timeout_s=5.0)
         return await collect(engine, "next", [3, 4, 5], replace(greedy, max_tokens=4))
 
-    try:
-        assert len(asyncio.run(run())[-1].token_ids) == 4
-    finally:
-        engine.shutdown()
+    with tiny_engine(tiny_pair, spec=SpecConfig(policy="off")) as engine:
+        build_output = engine.engine._output
+
+        def failing(seq, new):
+            if seq.finish_reason == "abort":
+                raise RuntimeError("no output for an abort")
+            return build_output(seq, new)
+
+        engine.engine._output = failing
+        assert len(asyncio.run(run(engine))[-1].token_ids) == 4
