@@ -32,12 +32,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from faser.engine.detokenizer import REPLACEMENT_CHAR
 from faser.outputs import RequestOutput, SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-REPLACEMENT_CHAR = "\ufffd"
 
 
 @dataclass(frozen=True, slots=True)

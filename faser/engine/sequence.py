@@ -8,6 +8,7 @@ from enum import Enum, auto
 
 import torch
 
+from faser.engine.detokenizer import IncrementalText
 from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 from faser.spec_decode.features import TargetFeatures
@@ -48,6 +49,7 @@ class Sequence:
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: str | None = None
     text: str = ""
+    detokenizer: IncrementalText = field(default_factory=IncrementalText)  # grows `text`
     arrival_time: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None

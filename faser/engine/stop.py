@@ -28,7 +28,7 @@ def append_tokens(
 
 
 def _update_text(seq: Sequence, tokenizer) -> None:
-    text = tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+    text = seq.detokenizer.decode(tokenizer, seq.output_token_ids)
     for stop in seq.params.stop:
         # search only where a new match can start: text before the last step was already checked
         at = text.find(stop, max(0, len(seq.text) - len(stop)))
