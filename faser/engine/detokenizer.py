@@ -48,8 +48,9 @@ class IncrementalText:
             # an empty context (special tokens) would leave the new tokens at a text's start
             if (context or start == 0) and self.settled_text.endswith(context):
                 window = _decode(tokenizer, token_ids[start:])
-                return self.settled_text + window[len(context) :] if window.startswith(
-                    context) else None
+                if not window.startswith(context):
+                    return None
+                return self.settled_text + window[len(context) :]
         return None
 
 
