@@ -308,7 +308,8 @@ def to_generate_request(request: BaseModel) -> GenerateRequest:
     common = dict(**request.sampling(), speculation=speculation, slo=slo)
     if isinstance(request, ResponsesRequest):
         return GenerateRequest("chat", messages=tuple(request.conversation()),
-                               max_tokens=request.max_output_tokens, **common)
+                               max_tokens=request.max_output_tokens,
+                               logprobs=request.num_logprobs, **common)
     if isinstance(request, ChatCompletionRequest):
         return GenerateRequest(
             "chat", messages=tuple(request.conversation()), **request.chat_ending(),

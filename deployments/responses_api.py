@@ -8,6 +8,11 @@ and `background` are refused, so the client sends the whole conversation each ti
 other endpoints, a field this server does not implement (`tools`, `reasoning`, a `text` format
 other than plain text, ...) is a 400 naming it unless it is sent switched off.
 
+Logprobs come as OpenAI's do: `include: ["message.output_text.logprobs"]` asks for them, with
+`top_logprobs` (up to 20) alternatives a token; each delta event carries its own tokens' (a
+token whose text is held back, part of a character, in a delta of no text), the finished text
+all of them. They are the target's own, exact under speculation.
+
 An answer cut by `max_output_tokens` has status "incomplete" (reason "max_output_tokens"), and
 its stream ends with `response.incomplete`, as OpenAI's does. A stream that fails after it
 started ends with `response.failed`, its error a stable code and a short message; the details go
@@ -33,12 +38,13 @@ from deployments.openai_schemas import (
     SloOptions,
     SpeculationOptions,
 )
-from deployments.responses import ENGINE_FAILED, speculation_report
+from deployments.responses import ENGINE_FAILED, chat_logprobs, speculation_report
 from deployments.serving import StreamEvent, StreamStart
 from faser.engine.async_engine import StreamDelta
 
 logger = logging.getLogger(__name__)
 TEXT_FORMAT = {"format": {"type": "text"}}
+LOGPROBS = "message.output_text.logprobs"  # the one `include` this server answers
 
 
 class InputText(RequestBody):
@@ -62,8 +68,8 @@ class ResponsesRequest(NoSilentFields):
     IGNORED: ClassVar[frozenset[str]] = IGNORED_FIELDS | {"prompt_cache_retention"}
     OFF: ClassVar[dict[str, tuple[Any, ...]]] = {
         "tools": ([],), "tool_choice": ("none", "auto"), "text": (TEXT_FORMAT,),
-        "reasoning": ({},), "include": ([],), "truncation": ("disabled",),
-        "background": (False,), "top_logprobs": (0,), "previous_response_id": (),
+        "reasoning": ({},), "truncation": ("disabled",),
+        "background": (False,), "previous_response_id": (),
         "conversation": (), "prompt": (), "max_tool_calls": (0,),
     }
 
@@ -74,8 +80,30 @@ class ResponsesRequest(NoSilentFields):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stream: bool = False
+    include: list[str] = Field(default_factory=list)
+    top_logprobs: int = Field(default=0, ge=0, le=20)
     speculation: SpeculationOptions | None = None
     slo: SloOptions | None = None
+
+    @field_validator("include")
+    @classmethod
+    def _only_logprobs(cls, include: list[str]) -> list[str]:
+        for i, name in enumerate(include):
+            if name != LOGPROBS:
+                raise RefusedField(f"include.{i}", f"only {LOGPROBS!r} is answered, not {name!r}")
+        return include
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _with_logprobs(cls, top: int, info: Any) -> int:
+        if top and LOGPROBS not in info.data.get("include", ()):
+            raise RefusedField("top_logprobs", f"alternatives need include: [{LOGPROBS!r}]")
+        return top
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per output token; None: no logprobs."""
+        return self.top_logprobs if LOGPROBS in self.include else None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -123,14 +151,13 @@ class ResponseFormatter:
         self.created_at = int(time.time())
         self.spec = request.speculation
         self.parts: list[str] = []
+        self.logprobs: list[dict] = []  # every token's so far, when asked for
         self.last: StreamDelta | None = None
         self.sequence = 0
 
     async def collect(self, events: AsyncIterator[tuple[int, StreamEvent]]) -> dict:
         async for _, event in events:
-            assert isinstance(event, StreamDelta)
-            self.parts.append(event.text)
-            self.last = event
+            self._take(event)
         return self.response()
 
     async def sse(self, events: AsyncIterator[tuple[int, StreamEvent]]) -> AsyncIterator[str]:
@@ -140,16 +167,15 @@ class ResponseFormatter:
             yield self._event("response.output_item.added", output_index=0, item=self.item())
             yield self._event("response.content_part.added", **self._place(), part=_text(""))
             async for _, event in events:
-                assert isinstance(event, StreamDelta)
-                self.parts.append(event.text)
-                self.last = event
-                if event.text:
+                new = self._take(event)
+                if event.text or new:  # tokens whose text is held back still bring logprobs
                     yield self._event("response.output_text.delta", **self._place(),
-                                      delta=event.text, logprobs=[])
+                                      delta=event.text, logprobs=new)
             text = "".join(self.parts)
             yield self._event("response.output_text.done", **self._place(), text=text,
-                              logprobs=[])
-            yield self._event("response.content_part.done", **self._place(), part=_text(text))
+                              logprobs=self.logprobs)
+            yield self._event("response.content_part.done", **self._place(),
+                              part=_text(text, self.logprobs))
             yield self._event("response.output_item.done", output_index=0, item=self.item())
             response = self.response()
             yield self._event(f"response.{response['status']}", response=response)
@@ -160,6 +186,15 @@ class ResponseFormatter:
             yield self._event("response.failed", response=failed)
         finally:
             await events.aclose()
+
+    def _take(self, event: StreamEvent) -> list[dict]:
+        """Adds an engine event's text and logprobs; returns its logprobs."""
+        assert isinstance(event, StreamDelta)
+        self.parts.append(event.text)
+        self.last = event
+        new = [lp.model_dump() for lp in chat_logprobs(event.logprobs or []).content]
+        self.logprobs += new
+        return new
 
     def status(self) -> str:
         if self.last is None or not self.last.finished:
@@ -183,7 +218,7 @@ class ResponseFormatter:
 
     def item(self) -> dict:
         status = self.status()
-        content = [] if status == "in_progress" else [_text("".join(self.parts))]
+        content = [] if status == "in_progress" else [_text("".join(self.parts), self.logprobs)]
         return {"type": "message", "id": self.item_id, "status": status, "role": "assistant",
                 "content": content}
 
@@ -211,5 +246,5 @@ class ResponseFormatter:
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
 
 
-def _text(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}

@@ -1,6 +1,6 @@
 """The Responses API, driven by the official openai client against the real app in process: the
-same answers as the chat endpoint for the same conversation, its typed stream as the client's own
-stream helper reads it, and clear 400s for what it does not take."""
+same answers (and logprobs) as the chat endpoint for the same conversation, its typed stream as
+the client's own stream helper reads it, and clear 400s for what it does not take."""
 
 from __future__ import annotations
 
@@ -68,7 +68,45 @@ def test_the_stream_is_the_response_in_typed_events(client):
     assert final.usage.output_tokens == whole.usage.output_tokens
 
 
+LOGPROBS = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+
+
+def _tokens(logprobs) -> list[tuple]:
+    return [(lp.token, lp.logprob, [(t.token, t.logprob) for t in lp.top_logprobs])
+            for lp in logprobs]
+
+
+def test_logprobs_are_the_chat_endpoints(client):
+    response = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=10,
+                                       temperature=0, **LOGPROBS)
+    answer = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": QUESTION}], max_tokens=10,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = response.output[0].content[0]
+    assert content.text == answer.choices[0].message.content
+    assert len(content.logprobs) == response.usage.output_tokens == 10
+    assert _tokens(content.logprobs) == _tokens(answer.choices[0].logprobs.content)
+    assert all(len(lp.top_logprobs) == 2 for lp in content.logprobs)
+    plain = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=10,
+                                    temperature=0)
+    assert plain.output[0].content[0].logprobs == []
+
+
+def test_each_delta_carries_its_own_tokens_logprobs(client):
+    with client.responses.stream(model="tiny", input=QUESTION, max_output_tokens=16,
+                                 temperature=0, **LOGPROBS) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert _tokens(deltas) == _tokens(done.logprobs) == _tokens(final.output[0].content[0].logprobs)
+    assert len(deltas) == final.usage.output_tokens
+
+
 @pytest.mark.parametrize(("body", "param"), [
+    ({"include": ["reasoning.encrypted_content"]}, "include.0"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({**LOGPROBS, "top_logprobs": 21}, "top_logprobs"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"text": {"format": {"type": "json_object"}}}, "text"),
