@@ -210,6 +210,7 @@ class ResponseFormatter:
             if status == "incomplete" else None,
             "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
             "temperature": request.temperature, "top_p": request.top_p,
+            "top_logprobs": request.top_logprobs,
             "output": [] if status == "in_progress" else [self.item()],
             "parallel_tool_calls": False, "tool_choice": "none", "tools": [],
             "text": TEXT_FORMAT, "truncation": "disabled", "store": False, "metadata": {},

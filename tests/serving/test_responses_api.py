@@ -87,6 +87,7 @@ def test_logprobs_are_the_chat_endpoints(client):
     assert len(content.logprobs) == response.usage.output_tokens == 10
     assert _tokens(content.logprobs) == _tokens(answer.choices[0].logprobs.content)
     assert all(len(lp.top_logprobs) == 2 for lp in content.logprobs)
+    assert response.top_logprobs == 2
     plain = client.responses.create(model="tiny", input=QUESTION, max_output_tokens=10,
                                     temperature=0)
     assert plain.output[0].content[0].logprobs == []
