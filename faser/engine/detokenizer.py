@@ -11,7 +11,7 @@ again. The window starts earlier where its context would not decode to the settl
 it U+FFFD when any is incomplete) or would decode to nothing (special tokens); where no such
 window extends its context, the whole output is decoded, as before. The tests hold the text
 equal to the whole output's decode at every step for byte-level and SentencePiece-style
-tokenizers."""
+tokenizers, and for one that cleans up spaces before punctuation."""
 
 from __future__ import annotations
 
