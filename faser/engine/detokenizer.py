@@ -8,7 +8,8 @@ window adds to the context's own decode. A decode that ends in U+FFFD (an incomp
 character that the next token may complete) is not settled: the next step decodes those tokens
 again. The window starts earlier where its context would not decode to the settled text's end
 (a window that starts inside a character: SentencePiece's byte pieces decode as a group, all of
-it U+FFFD when any is incomplete) or would decode to nothing (special tokens); where no such
+it U+FFFD when any is incomplete) or to fewer than a few characters (special tokens decode to
+nothing, and the clean-up of spaces before punctuation rewrites across the join); where no such
 window extends its context, the whole output is decoded, as before. The tests hold the text
 equal to the whole output's decode at every step for byte-level and SentencePiece-style
 tokenizers, and for one that cleans up spaces before punctuation."""
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 CONTEXT_TOKENS = 4  # settled tokens decoded again before the new ones, as context
-MAX_BACK_TOKENS = 4  # how much further back a window may start: one UTF-8 character's bytes
+MAX_BACK_TOKENS = 8  # how much further back a window may start: two characters of byte tokens
+# the least text a context must decode to: a clean-up of spaces rewrites up to ` n't` at a join
+MIN_CONTEXT_CHARS = 4
 REPLACEMENT_CHAR = "\ufffd"
 
 
@@ -45,8 +48,10 @@ class IncrementalText:
         first = max(0, self.num_settled - CONTEXT_TOKENS)
         for start in range(first, max(0, first - MAX_BACK_TOKENS) - 1, -1):
             context = _decode(tokenizer, token_ids[start : self.num_settled])
-            # an empty context (special tokens) would leave the new tokens at a text's start
-            if (context or start == 0) and self.settled_text.endswith(context):
+            # a shorter context (special tokens decode to nothing) would leave the new tokens at
+            # a text's start, or out of reach of a clean-up that spans the join
+            long_enough = len(context) >= MIN_CONTEXT_CHARS or start == 0
+            if long_enough and self.settled_text.endswith(context):
                 window = _decode(tokenizer, token_ids[start:])
                 if not window.startswith(context):
                     return None

@@ -1,5 +1,6 @@
 """The incremental text equals the whole output's decode at every step, for the tokenizers the
-engine meets (byte-level BPE, SentencePiece-style with byte fallback), and decodes only a window."""
+engine meets (byte-level BPE, SentencePiece-style with byte fallback, one that cleans up spaces
+before punctuation), and decodes only a window."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def cleaning_tokenizer() -> PreTrainedTokenizerFast:
     """Byte-level, with the old BERT-era clean-up of spaces before punctuation on decode."""
     tokenizer = build_tokenizer()
     tokenizer.clean_up_tokenization_spaces = True
+    # transformers skips the clean-up for BPE unless told it is meant
+    tokenizer.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
+    assert tokenizer.decode(tokenizer.encode("so , it")) == "so, it"
     return tokenizer
 
 
