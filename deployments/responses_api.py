@@ -192,7 +192,9 @@ class ResponseFormatter:
         assert isinstance(event, StreamDelta)
         self.parts.append(event.text)
         self.last = event
-        new = [lp.model_dump() for lp in chat_logprobs(event.logprobs or []).content]
+        if not event.logprobs:  # not asked for: no per-event objects on the stream's path
+            return []
+        new = [lp.model_dump() for lp in chat_logprobs(event.logprobs).content]
         self.logprobs += new
         return new
 
