@@ -16,6 +16,7 @@ answer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -55,6 +56,8 @@ class QueueFull(Exception):
 
 
 class EngineClient(Protocol):
+    async def warm_up(self) -> None: ...
+
     async def model_name(self) -> str: ...
 
     async def tokenize(self, request: GenerateRequest) -> dict | RequestError: ...
@@ -62,6 +65,28 @@ class EngineClient(Protocol):
     async def detokenize(self, ids: list[int]) -> dict | RequestError: ...
 
     def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]: ...
+
+
+def _warming_up(client: EngineClient):
+    """The app's lifespan: the client warms up in the background while the app serves (a
+    request meanwhile waits for what it needs, as it would without the warm-up)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_warm_up(client))
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    return lifespan
+
+
+async def _warm_up(client: EngineClient) -> None:
+    try:
+        await client.warm_up()
+    except Exception:  # the first request that needs it asks again
+        logger.warning("warming up the engine client failed", exc_info=True)
 
 
 def error_response(
@@ -84,7 +109,8 @@ def validation_error_response(exc: ValidationError) -> JSONResponse:
 def build_openai_app(
     client: EngineClient, retry_after_s: int = 1, access: Access = OPEN
 ) -> FastAPI:
-    app = FastAPI(title="FASER serve", docs_url=None, redoc_url=None)
+    app = FastAPI(title="FASER serve", docs_url=None, redoc_url=None,
+                  lifespan=_warming_up(client))
     install(app, access)
     handler = _Handler(client, retry_after_s)
 

@@ -162,6 +162,12 @@ class RayEngineClient:
         self._renderer: Renderer | None = None
         self._asking = asyncio.Lock()
 
+    async def warm_up(self) -> None:
+        """Learns the model's name and the renderer as the ingress starts, so that even the
+        first /tokenize never waits in the engines' queues behind generation."""
+        await self.model_name()
+        await self._renderer_copy()
+
     async def model_name(self) -> str:
         """Asked of the engines once: a burst of first requests waits for that one answer, where
         each asking would take a place in the engines' queues and push the burst past them."""
@@ -255,6 +261,9 @@ class LocalEngineClient:
     def __init__(self, serving: OpenAIServing, model_name: str) -> None:
         self.serving = serving
         self._model_name = model_name
+
+    async def warm_up(self) -> None:
+        """Nothing to learn: the engine is in this process."""
 
     async def model_name(self) -> str:
         return self._model_name

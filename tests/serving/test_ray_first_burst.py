@@ -1,10 +1,11 @@
-"""A fresh app's first requests arriving at once, on a real local Ray: every one is answered or
-refused in OpenAI's shape (a JSON 503 with Retry-After), never with Ray's own text, and those
-answered complete."""
+"""A fresh app's first requests, on a real local Ray: /tokenize is answered without the engines,
+and of a burst past the engines' queues every request is answered or refused in OpenAI's shape
+(a JSON 503 with Retry-After), never with Ray's own text, and those answered complete."""
 
 import concurrent.futures
 import os
 import signal
+import time
 
 import httpx
 import pytest
@@ -33,9 +34,30 @@ def base_url(ray_serve, tiny_pair):
     serve.delete(APP)
 
 
+def test_tokenize_is_answered_while_no_engine_can_answer(base_url):
+    """/tokenize and /detokenize are answered by the ingress's copy of the engines' renderer,
+    fetched as the ingress starts: with the engine replica's process stopped (SIGSTOP) before any
+    of them was asked, where a queue would have held or refused them, they still answer at once.
+    (The copy used to be fetched by the first /tokenize, which waited behind generation.)"""
+    assert httpx.get(f"{base_url}/v1/models", timeout=60).status_code == 200
+    time.sleep(1.0)  # the ingress asks for the renderer right after the model's name
+    (pid,) = engine_pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        first = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": "hello"},
+                           timeout=5)
+        text = httpx.post(f"{base_url}/detokenize",
+                          json={"model": MODEL, "tokens": first.json()["tokens"]}, timeout=5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert first.status_code == 200, first.text
+    assert text.status_code == 200 and text.json() == {"prompt": "hello"}
+
+
 def test_a_first_burst_is_answered_or_refused_in_openais_shape(base_url):
-    """Before any request had learnt the model's name from an engine, each asked for it and took
-    a place in the engines' queue: the burst overflowed it and Ray answered in its own words."""
+    """A burst past the engines' queues: before the ingress learnt the model's name as it starts,
+    each first request asked for it and took a place in the engines' queue, and the burst
+    overflowed it; Ray answered in its own words."""
     completion = {"model": MODEL, "prompt": [9, 10, 11], "max_tokens": 20, "temperature": 0,
                   "ignore_eos": True}
 
@@ -56,25 +78,6 @@ def test_a_first_burst_is_answered_or_refused_in_openais_shape(base_url):
             assert r.json()["error"]["code"] == "queue_full", r.text
         elif "completions" in str(r.request.url) and not r.text.startswith("data:"):
             assert r.json()["usage"]["completion_tokens"] == 20
-
-
-def test_tokenize_is_answered_while_no_engine_can_answer(base_url):
-    """/tokenize and /detokenize are answered by the ingress's copy of the engines' renderer,
-    fetched once: with the engine replica's process stopped (SIGSTOP), where a queue would have
-    held or refused them, they still answer at once."""
-    tokens = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": "hello"},
-                        timeout=60).json()["tokens"]
-    (pid,) = engine_pids()
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        again = httpx.post(f"{base_url}/tokenize", json={"model": MODEL, "prompt": "hello"},
-                           timeout=5)
-        text = httpx.post(f"{base_url}/detokenize", json={"model": MODEL, "tokens": tokens},
-                          timeout=5)
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert again.status_code == 200 and again.json()["tokens"] == tokens
-    assert text.status_code == 200 and text.json() == {"prompt": "hello"}
 
 
 def engine_pids() -> list[int]:
