@@ -26,7 +26,8 @@ class RunSpec:
     spec: dict  # the engine's per-request speculation override: {"policy", "max_k"}
     ignore_eos: bool = False
     request_kwargs: dict | None = None  # extra add_request arguments (the SLO, where supported)
-    temperature: float = 0.0  # 0: greedy; else sampled, request i with seed i
+    temperature: float = 0.0  # 0: greedy; else sampled, request i with seed i when `seeded`
+    seeded: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ def _add(engine: LLMEngine, run: RunSpec, index: int, request: BenchRequest) -> 
     sampled = run.temperature > 0
     params = SamplingParams(
         max_tokens=request.max_tokens, temperature=run.temperature, ignore_eos=run.ignore_eos,
-        seed=index if sampled else None,
+        seed=index if sampled and run.seeded else None,
     )
     engine.add_request(
         f"{run.label}-{index}", list(request.prompt_token_ids), params, speculation=dict(run.spec),

@@ -109,9 +109,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "one round's policies small, and every policy runs every prompt once")
     p.add_argument("--ignore-eos", action="store_true", help="closed loop: always max_tokens")
     p.add_argument("--temperature", type=float, default=0.0,
-                   help="0: greedy, and every policy's output must equal the first's; above 0 "
-                        "request i is sampled with seed i (speculation keeps the target's "
-                        "distribution, not plain sampling's draws: no output check)")
+                   help="0: greedy; above 0 request i is sampled with seed i, a race at each "
+                        "position that speculation cannot move (faser.layers.race). Either way "
+                        "every policy's output must equal the first's")
+    p.add_argument("--unseeded", action="store_true",
+                   help="sampled requests carry no seed: rejection sampling, which keeps the "
+                        "target's distribution, not plain sampling's draws (no output check)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
@@ -418,7 +421,7 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
         p = bench.policies[i]
         ignore_eos = args.ignore_eos or level.concurrency is None
         run = RunSpec(f"L{n}-R{shift}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs,
-                      args.temperature)
+                      args.temperature, not args.unseeded)
         before = mode_steps(bench.engine, p.spec["policy"])
         first_step = count_lines(args.step_trace) if args.step_trace else 0
         result = run_level(bench.engine, level, run, bar)
@@ -428,10 +431,12 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
         record.update(summarise(result, bench.slo))
         if args.temperature > 0:
             record["temperature"] = args.temperature
-        else:
+            record["seeded"] = not args.unseeded
+        if args.temperature == 0 or not args.unseeded:
             matches = [o.token_ids == ref
                        for o, ref in zip(result.outputs, reference, strict=True)]
-            # greedy output is the target's own whatever the policy: every run must match the first
+            # greedy or seeded output is plain decoding's whatever the policy: every run must
+            # match the first
             record["outputs_match_first_policy"] = sum(matches) / len(matches)
         if modes:
             record["mode_steps"] = modes
@@ -455,7 +460,8 @@ def describe(args: argparse.Namespace) -> str:
         f"draft {args.draft_model or 'default'}, {args.device} {args.dtype} "
         f"({args.weight_format} weights, draft {args.draft_weights}), "
         f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, "
-        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}, "
+        f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}"
+        f"{', unseeded' if args.unseeded and args.temperature > 0 else ''}, "
         f"seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
         f"template), max_tokens {args.max_tokens}",

@@ -10,17 +10,13 @@ the one it restarts is up, and that replica continues after those tokens
 non-streamed answer alike, under the same id, with usage counted over the whole answer.
 
 - Greedy requests (temperature 0, or below 1e-5, or top_k 1) continue exactly as they would
-  have.
+  have, and so do sampled requests with a seed: each of their tokens is a race keyed by the seed
+  and its position alone (faser/layers/race.py), which the continuation runs again.
 - Sampled requests without a seed continue from the tokens sent: the rest is drawn from the
   model's distribution given them, the very distribution an undisturbed run draws it from.
-- Sampled requests with a seed that have been sent tokens are not continued: a seed promises the
-  same answer to the same request, and no replica can rebuild the random state the dead one had
-  reached (how many numbers a step draws depends on its speculation), so a continuation would be
-  an answer that no run with that seed gives. They fail with the error below, and a retry is
-  served from the start and gives the seeded answer. Before any token is sent, every request is
-  simply sent again.
-- Requests with a presence or frequency penalty are not continued either once tokens were sent:
-  those penalties count the answer's tokens, and a continuation takes the sent ones for prompt.
+- Requests with a presence or frequency penalty are not continued once tokens were sent: those
+  penalties count the answer's tokens, and a continuation takes the sent ones for prompt. They
+  fail with the error below. Before any token is sent, every request is simply sent again.
 
 A request survives MAX_DEATHS deaths of its replica. After each, the continuation is sent at once
 (Serve has usually dropped the dead replica from its routing by then) and, while no replica has
@@ -58,7 +54,6 @@ from deployments.serving import (
     StreamEvent,
     StreamStart,
 )
-from faser.sampling_params import MIN_TEMPERATURE
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,9 +109,6 @@ class _Progress:
         if len(self.sent_ids) != self.num_output_tokens:
             return "the tokens received do not add up to the count sent"
         request = self.request
-        greedy = request.temperature < MIN_TEMPERATURE or request.top_k == 1
-        if request.seed is not None and not greedy:
-            return "a sampled request with a seed cannot continue as its seed would have"
         if request.presence_penalty or request.frequency_penalty:
             return "presence and frequency penalties count only the continuation's own output"
         return None

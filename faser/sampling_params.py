@@ -75,6 +75,12 @@ class SamplingParams:
         return self.temperature < MIN_TEMPERATURE or self.top_k == 1
 
     @property
+    def seeded(self) -> bool:
+        """It samples with a seed: each token is a race keyed by the seed and the token's position
+        (faser.layers.race), the same whatever speculation did before it."""
+        return not self.greedy and self.seed is not None
+
+    @property
     def penalised(self) -> bool:
         """Its logits depend on the tokens before them (so each row needs its own history)."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

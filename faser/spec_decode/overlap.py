@@ -149,9 +149,11 @@ class OverlapStep:
     def _item(self, r: _Request, size: int) -> FrontierItem:
         draft = r.line.tokens[: r.k]
         checks = frontier_checks(len(draft), r.offset, size)
-        greedy = r.seq.params.greedy
-        q = torch.stack(r.line.probs[: len(draft)]) if draft and not greedy else None
-        u = torch.zeros(checks + 1) if greedy else torch.rand(checks + 1, generator=r.seq.generator)
+        # greedy and seeded requests are judged by their rows' argmaxes: no q, no uniforms
+        by_argmax = r.seq.params.greedy or r.seq.params.seeded
+        q = torch.stack(r.line.probs[: len(draft)]) if draft and not by_argmax else None
+        u = (torch.zeros(checks + 1) if by_argmax
+             else torch.rand(checks + 1, generator=r.seq.generator))
         return FrontierItem(r.seq, draft, q, r.start, r.offset, size, (u[:checks], u[checks:]),
                             r.verdict)
 

@@ -5,7 +5,8 @@ the whole prompt after a prefill) and iteration j > 0 feeds the previous draft t
 leaves after k_i tokens, or, greedy, earlier when the draft's cumulative confidence in its own
 guesses falls below a threshold (the guesses past that point would almost surely be rejected; a
 sampled request's confidence is the chance of a token drawn at its temperature, low whatever the
-chance that the target accepts it).
+chance that the target accepts it). A seeded request's draft token is its race winner over q
+with the noise the target's race at that position uses (faser.layers.race).
 
 A feature draft (faser.models.feature_draft) also reads, for each committed token it is fed, the
 target's hidden state before it, and for each of its own guesses its own output of the previous
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from faser.layers.race import race_scores
 from faser.layers.sampler import argmax, request_probs
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
@@ -114,7 +116,8 @@ class Proposer:
             # the draft's own tokens so far are the output its penalties look at
             histories = [history(seqs[i], proposal.draft_token_ids[i]) for i in active]
             tokens, confidences, rows = self._picks(
-                [seqs[i] for i in active], logits, histories)
+                [seqs[i] for i in active], logits, histories,
+                [seqs[i].num_tokens + step for i in active])
             looked_up = [0] * len(active)
             if tails is not None:
                 contexts = [tails[i] + proposal.draft_token_ids[i] for i in active]
@@ -125,7 +128,7 @@ class Proposer:
                 proposal.draft_token_ids[i].append(tokens[row])
                 proposal.confidences[i].append(confidences[row])
                 cumulative[i] *= proposal.confidences[i][-1]
-                if not seqs[i].params.greedy:
+                if _rejection_sampled(seqs[i]):
                     q_rows[i].append(rows[row])
             step += 1
             active = [
@@ -159,14 +162,15 @@ class Proposer:
         logits = self.runner.forward(chunks)  # [num_seqs, draft_vocab]
         histories = [history(seq, context[seq.num_tokens :])
                      for seq, context in zip(seqs, contexts, strict=True)]
-        tokens, confidences, rows = self._picks(seqs, logits, histories)
+        tokens, confidences, rows = self._picks(seqs, logits, histories,
+                                                [len(context) for context in contexts])
         if self.prompt_lookup:
             _index_committed(seqs)
             tails = [context[-MAX_N:] for context in contexts]
             prefer_lookup(seqs, tails, tokens, confidences, self.calibration,
                           self.lookup_precision)
         return [
-            (token, None if seq.params.greedy else rows[row].clone(), conf)
+            (token, rows[row].clone() if _rejection_sampled(seq) else None, conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
 
@@ -188,12 +192,13 @@ class Proposer:
         return Chunk(tokens, start, seq.block_table, num_logits=1, features=features)
 
     def _picks(
-        self, seqs: list[SpecRequest], logits: torch.Tensor, histories
+        self, seqs: list[SpecRequest], logits: torch.Tensor, histories, positions: list[int]
     ) -> tuple[list[int], list[float], torch.Tensor | None]:
         """Each row's token, the draft's confidence in it and the rows over the target's
         vocabulary they were picked from (None when every row is plain greedy: the argmax and
         its probability are read off the draft's own vocabulary, and no row over the target's,
-        three times wider, is built). logits: [num_rows, draft_vocab]."""
+        three times wider, is built). logits: [num_rows, draft_vocab]; positions: of the token
+        each row proposes."""
         params = [seq.params for seq in seqs]
         if all(p.greedy and p.plain for p in params):
             # softmax, not exp(max - logsumexp): right after the draft's forward, logsumexp's
@@ -204,7 +209,7 @@ class Proposer:
                 index = self.token_map[index]
             return index.tolist(), confidence.tolist(), None
         rows, confidence = self._request_rows(logits, params, histories)
-        return (*self._pick_rows(seqs, rows, confidence), rows)
+        return (*self._pick_rows(seqs, rows, confidence, positions), rows)
 
     def _request_rows(
         self, logits: torch.Tensor, params, histories
@@ -253,23 +258,30 @@ class Proposer:
         seqs: list[SpecRequest],
         rows: torch.Tensor,  # [num_rows, target_vocab]: logits (greedy) or probabilities
         confidence: torch.Tensor,  # [num_rows, target_vocab]
+        positions: list[int],
     ) -> tuple[list[int], list[float]]:
         """Each row's token and the draft's confidence in it, read back from the device in one
         copy each (per-row reads would each wait for the device on CUDA)."""
         greedy = any(seq.params.greedy for seq in seqs)
         argmax = rows.argmax(dim=-1).tolist() if greedy else []
         tokens = [
-            argmax[r] if seq.params.greedy else cls._pick(seq, rows[r])
+            argmax[r] if seq.params.greedy else cls._pick(seq, rows[r], positions[r])
             for r, seq in enumerate(seqs)
         ]
         index = torch.tensor(tokens, device=rows.device)[:, None]
         return tokens, confidence.gather(1, index)[:, 0].tolist()
 
     @staticmethod
-    def _pick(seq: SpecRequest, row: torch.Tensor) -> int:
-        if seq.params.greedy:
-            return int(row.argmax())
+    def _pick(seq: SpecRequest, row: torch.Tensor, position: int) -> int:
+        """A sampled row's token: its race winner when seeded, else drawn from its generator."""
+        if seq.params.seeded:
+            return int(race_scores(row[None], seq.params.seed, position).argmax())
         return sample_inverse_cdf(row, float(torch.rand(1, generator=seq.generator)))
+
+
+def _rejection_sampled(seq: SpecRequest) -> bool:
+    """Its drafts are verified by rejection sampling, which needs their q rows."""
+    return not seq.params.greedy and not seq.params.seeded
 
 
 def stop_for(seq: SpecRequest, stop: float | None) -> float | None:

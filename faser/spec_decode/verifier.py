@@ -5,7 +5,9 @@ row m scores position m + 1, so it checks d_{m+1} (and row k_i gives the bonus t
 feeds x[j*f : (j+1)*f] of every request still alive, then rejection-samples what it scored. A
 request with a rejection is done for the step: its later positions are never computed (early
 pruning). With one frontier (f > max k) this is classic draft-then-verify, and with k_i = 0 it is
-plain decoding. Prefill chunks ride along in frontier 0 and sample when they complete a prompt."""
+plain decoding. Prefill chunks ride along in frontier 0 and sample when they complete a prompt.
+A seeded request's rows become race scores (faser.layers.race) and are judged by the greedy rule:
+its tokens are its races' winners, whatever was drafted."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from faser.layers.race import race_scores
 from faser.layers.sampler import History, argmax, request_probs, token_logprobs
 from faser.runner.batch import Chunk
 from faser.runner.model_runner import ModelRunner
@@ -46,6 +49,7 @@ class _Entry:
     final: bool  # the bonus row is real (the frontier reaches the last draft token)
     seq: SpecRequest
     history: History | None  # its first row's (penalised requests); row r adds checked[:r]
+    first_position: int  # of the token its first row scores
 
     def histories(self) -> list[History | None]:
         if self.history is None:
@@ -173,6 +177,13 @@ def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]
     # uniforms come from the requests' CPU generators
     device = logits.device
     histories = [h for e in entries for h in e.histories()]
+    probs = request_probs(logits, params, histories)
+    row = 0
+    for e in entries:
+        if e.params.seeded:
+            rows = slice(row, row + e.rows.shape[0])
+            probs[rows] = race_scores(probs[rows], e.params.seed, e.first_position)
+        row += e.rows.shape[0]
     has_q = any(e.q is not None for e in entries)
     result = rejection_sample(
         torch.tensor([t for e in entries for t in e.checked], dtype=torch.long, device=device),
@@ -180,8 +191,8 @@ def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]
         torch.cat([e.q if e.q is not None
                    else torch.zeros(len(e.checked), vocab, device=device)
                    for e in entries]) if has_q else None,
-        request_probs(logits, params, histories),
-        torch.tensor([e.params.greedy for e in entries], device=device),
+        probs,
+        torch.tensor([_by_argmax(e.params) for e in entries], device=device),
         torch.cat([e.u_accept for e in entries]).to(device),
         torch.cat([e.u_sample for e in entries]).to(device),
     )
@@ -235,8 +246,13 @@ def _keep_features(
         row += n
 
 
+def _by_argmax(params: SamplingParams) -> bool:
+    """Its tokens are its rows' argmaxes: greedy, or seeded (rows of race scores)."""
+    return params.greedy or params.seeded
+
+
 def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if seq.params.greedy:
+    if _by_argmax(seq.params):
         return torch.zeros(k), torch.zeros(1)
     u = torch.rand(k + 1, generator=seq.generator)
     return u[:k], u[k:]
@@ -271,12 +287,13 @@ def _decode_entry(it: FrontierItem, logits: torch.Tensor) -> _Entry:
     q = None if it.q is None else it.q[it.offset : it.offset + len(checked)]
     u_accept, u_sample = it.uniforms
     return _Entry(checked, rows, q, u_accept, u_sample, it.seq.params, final, it.seq,
-                  history(it.seq, it.draft[: it.offset]))
+                  history(it.seq, it.draft[: it.offset]), it.seq.num_tokens + it.offset)
 
 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
-    u = torch.zeros(1) if seq.params.greedy else torch.rand(1, generator=seq.generator)
-    return _Entry([], rows, None, torch.zeros(0), u, seq.params, True, seq, history(seq))
+    u = torch.zeros(1) if _by_argmax(seq.params) else torch.rand(1, generator=seq.generator)
+    return _Entry([], rows, None, torch.zeros(0), u, seq.params, True, seq, history(seq),
+                  seq.num_tokens)
 
 
 @dataclass(slots=True)

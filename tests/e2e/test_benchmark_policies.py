@@ -176,7 +176,8 @@ def test_priced_rates_charge_each_shape_its_median_over_every_run():
     assert rates["faser"] == pytest.approx(3 / (2.0 + 5.0))
 
 
-def test_sampled_requests_are_seeded_and_not_held_to_greedy_outputs(bench_files, capsys):
+def test_seeded_samples_are_held_to_the_first_policys_and_unseeded_ones_are_not(bench_files,
+                                                                                 capsys):
     root = bench_files["root"]
     args = [
         "--model", str(bench_files["target"]), "--draft-model", str(bench_files["draft"]),
@@ -187,10 +188,14 @@ def test_sampled_requests_are_seeded_and_not_held_to_greedy_outputs(bench_files,
     records = main([*args, "--temperature", "1.0"])
     assert "temperature 1," in capsys.readouterr().out
     assert [r["policy"] for r in records] == ["off", "fixed:2"]
-    for r in records:
-        assert r["temperature"] == 1.0 and "outputs_match_first_policy" not in r
+    for r in records:  # a seed's races: speculation never changes the answer
+        assert r["temperature"] == 1.0 and r["seeded"]
+        assert r["outputs_match_first_policy"] == 1.0
         assert r["num_output_tokens"] == 3 * 6
     assert records[1]["mean_k"] > 0
+    unseeded = main([*args, "--temperature", "1.0", "--unseeded"])
+    assert "temperature 1, unseeded," in capsys.readouterr().out
+    assert all(not r["seeded"] and "outputs_match_first_policy" not in r for r in unseeded)
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         main([*args, "--temperature", "-0.5"])
 

@@ -249,7 +249,7 @@ def test_a_reduced_vocabulary_draft_biases_in_the_targets_ids():
     rows, _ = proposer._request_rows(logits, [greedy], [None])
     inf = float("-inf")
     assert rows[0].tolist() == [inf, 1.0, inf, 2.0, 2.5]  # target id 4 is biased; 0 stays out
-    tokens, _, _ = proposer._picks([_Seq(greedy)], logits, [None])
+    tokens, _, _ = proposer._picks([_Seq(greedy)], logits, [None], [0])
     assert tokens == [4]
 
 

@@ -2,10 +2,13 @@
 second and third sampled tokens (the first ones decided by speculation) against their exact values
 computed from the target's own logits, with temperature and top-k applied to both models, and
 once more with penalties and min-p (whose target distribution at each position depends on the
-tokens sampled before it, drafts included), and once with a logit bias."""
+tokens sampled before it, drafts included), and once with a logit bias. Unseeded requests verify
+by rejection sampling, seeded ones by races keyed by seed and position (faser.layers.race); a
+seeded request's answer is the same under every policy, frontier size and batch."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -89,14 +92,19 @@ def chi_square_rejects(counts: torch.Tensor, expected_p: torch.Tensor) -> tuple[
     return stat > critical, stat
 
 
-@pytest.mark.parametrize("policy,frontier,params", [
-    ("fixed:2", None, PARAMS), ("fixed:3", 1, PARAMS), ("off", None, PARAMS),
-    ("heuristic", None, PARAMS), ("faser", None, PARAMS),
-    ("fixed:3", None, PENALISED), ("fixed:2", 1, PENALISED), ("fixed:3", None, BIASED),
+@pytest.mark.parametrize("policy,frontier,params,seeded", [
+    ("fixed:2", None, PARAMS, False), ("fixed:3", 1, PARAMS, False), ("off", None, PARAMS, False),
+    ("heuristic", None, PARAMS, False), ("faser", None, PARAMS, False),
+    ("fixed:3", None, PENALISED, False), ("fixed:2", 1, PENALISED, False),
+    ("fixed:3", None, BIASED, False),
+    ("fixed:3", None, PARAMS, True), ("off", None, PARAMS, True), ("faser", None, PARAMS, True),
+    ("fixed:2", 1, PENALISED, True),
 ])
 def test_speculative_sampling_matches_target_distribution(small_vocab_pair, policy, frontier,
-                                                          params):
+                                                          params, seeded, monkeypatch):
     target, draft = small_vocab_pair
+    # an unseeded request's generator takes torch.seed(): counted here, so that a run repeats
+    monkeypatch.setattr(torch, "seed", itertools.count(10**6).__next__)
     max_num_seqs = 16 if policy == "faser" else 128
     llm = LLM(str(target), draft_model=str(draft),
               spec=SpecConfig(policy=policy, frontier_size=frontier),
@@ -104,8 +112,8 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, poli
               max_num_batched_tokens=1024, dtype="float32")
     # a memory-bound profile, so that faser speculates on models this small
     llm.engine.speculator.use_cost_profile(roofline())
-    sampling = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **params)
-                for i in range(NUM_SAMPLES)]
+    sampling = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i if seeded else None,
+                               ignore_eos=True, **params) for i in range(NUM_SAMPLES)]
     # faser drafts only at low load with no queue: waves of max_num_seqs requests
     outputs = [out for i in range(0, NUM_SAMPLES, max_num_seqs)
                for out in llm.generate([PROMPT] * len(sampling[i : i + max_num_seqs]),
@@ -124,12 +132,28 @@ def test_chi_square_detects_a_wrong_distribution():
     assert not chi_square_rejects(p * NUM_SAMPLES, p)[0]
 
 
-def test_same_seed_same_output(small_vocab_pair):
+@pytest.mark.parametrize("params", [PARAMS, PENALISED, BIASED])
+def test_a_seeded_answer_is_the_same_under_every_policy_and_batch(small_vocab_pair, params):
+    """Plain decoding's answer, whatever was drafted and accepted: each token is its position's
+    race, which speculation cannot move."""
     target, draft = small_vocab_pair
-    llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:3"),
-              num_kv_blocks=256, block_size=4, dtype="float32")
-    params = SamplingParams(max_tokens=12, seed=7, ignore_eos=True, **PARAMS)
-    first = llm.generate([PROMPT, [4, 5]], params)
-    again = llm.generate([[4, 5], PROMPT], params)  # other batch order, same seeds
-    assert first[0].token_ids == again[1].token_ids
-    assert first[1].token_ids == again[0].token_ids
+    prompts = [PROMPT, [4, 5], [6, 7, 8, 9]]
+    sampling = [SamplingParams(max_tokens=16, seed=s, ignore_eos=True, **params)
+                for s in (7, 8, 9)]
+    answers = {}
+    for policy, frontier in (("off", None), ("fixed:1", None), ("fixed:3", None),
+                             ("fixed:3", 1), ("faser", None)):
+        llm = LLM(str(target), draft_model=str(draft),
+                  spec=SpecConfig(policy=policy, frontier_size=frontier),
+                  num_kv_blocks=256, block_size=4, dtype="float32")
+        llm.engine.speculator.use_cost_profile(roofline())
+        together = llm.generate(prompts, sampling)
+        alone = llm.generate(prompts[2:], sampling[2:])  # another batch
+        answers[policy, frontier] = [o.token_ids for o in together]
+        assert alone[0].token_ids == together[2].token_ids
+        if policy != "off":
+            stats = llm.engine.stats
+            assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    plain = answers["off", None]
+    assert len({tuple(a) for a in plain}) == 3  # the seeds sample three different answers
+    assert all(a == plain for a in answers.values()), answers

@@ -1,6 +1,6 @@
 """A request continued after its replica died, without Ray: the engine side (a continuation's
 tokens, text and usage join the part already sent) and the ingress's RayEngineClient over a fake
-handle whose replica dies mid-stream (resumed, refused for a seeded sampled request, bounded)."""
+handle whose replica dies mid-stream (resumed, refused for a penalised request, bounded)."""
 
 import asyncio
 import json
@@ -171,19 +171,25 @@ def test_a_stream_whose_replica_dies_twice_goes_on_as_if_nothing_happened(servin
     assert events[-1].num_prompt_tokens == start.num_prompt_tokens
 
 
-def test_sampled_requests_without_a_seed_continue_with_a_seed_fail(serving):
+def test_sampled_requests_continue_and_a_seeded_one_exactly(serving):
+    """A seeded request's tokens are races keyed by its seed and their positions
+    (faser/layers/race.py): continued after two deaths, it gives the undisturbed answer."""
     sampled = greedy(temperature=1.0)
     events, _ = stream_through(serving, sampled, deaths=[3])
     assert events[-1].finished and events[-1].num_output_tokens == 40
     seeded = greedy(temperature=1.0, seed=5)
-    with pytest.raises(ReplicaLost, match="seed"):
-        stream_through(serving, seeded, deaths=[3])
+    undisturbed = run(serving, seeded)[1:]
+    resumed, handle = stream_through(serving, seeded, deaths=[3, 7])
+    sent = [len(r.resume_token_ids) for r in handle.requests]
+    assert len(sent) == 3 and 0 < sent[1] < sent[2]
+    assert token_ids(resumed[1:]) == token_ids(undisturbed)
+    assert text(resumed[1:]) == text(undisturbed)
     with pytest.raises(ReplicaLost, match="penalties"):  # they count the output alone
         stream_through(serving, greedy(frequency_penalty=0.5), deaths=[3])
-    # lost before any token was sent: served again from the start, the seeded answer itself
-    undisturbed = run(serving, seeded)[1:]
-    retried, _ = stream_through(serving, seeded, deaths=[0, 1])
-    assert token_ids(retried[1:]) == token_ids(undisturbed)
+    # lost before any token was sent: served again from the start
+    penalised = greedy(temperature=1.0, seed=5, frequency_penalty=0.5)
+    retried, _ = stream_through(serving, penalised, deaths=[0, 1])
+    assert token_ids(retried[1:]) == token_ids(run(serving, penalised)[1:])
 
 
 def test_a_continuation_waits_for_room_and_deaths_are_bounded(serving):
@@ -227,13 +233,13 @@ def test_over_http_a_non_streamed_answer_is_whole_and_a_lost_stream_ends_cleanly
     del usage["prompt_tokens_details"], again["prompt_tokens_details"]
     assert again == usage
 
-    seeded = {**body, "temperature": 1.0, "seed": 3, "stream": True}
-    lost, _ = post(serving, [4], seeded)
+    penalised = {**body, "frequency_penalty": 0.5, "stream": True}
+    lost, _ = post(serving, [4], penalised)
     lines = [line for line in lost.text.splitlines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     error = json.loads(lines[-2].removeprefix("data: "))["error"]
     assert (error["type"], error["code"]) == ("internal_error", "engine_failed")
-    assert "actor" not in lost.text.lower() and "seed" not in error["message"]
+    assert "actor" not in lost.text.lower() and "penalt" not in error["message"]
 
 
 def test_a_lost_response_stream_ends_with_response_failed(serving):

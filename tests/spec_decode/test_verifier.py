@@ -239,7 +239,7 @@ def test_the_greedy_judge_commits_what_rejection_sampling_would():
         if wrong_at is not None:
             checked[wrong_at] = (checked[wrong_at] + 1) % 300
         entries.append(_Entry(checked, rows, None, torch.zeros(n_checked), torch.zeros(1),
-                              GREEDY, final, None, None))
+                              GREEDY, final, None, None, 0))
     tokens, accepted = _greedy_outcomes(entries)
     sampled_tokens, sampled_accepted = _sampled_outcomes(entries)
     assert accepted == sampled_accepted == [0, 3, 1, 2, 0, 1]
