@@ -1,8 +1,9 @@
 """The overlapped step (draft and target at once on two lanes) is lossless, keeps the sampling
-distribution, is reproducible per seed, and reuses post-verify drafts."""
+distribution, gives a seeded request plain decoding's answer, and reuses post-verify drafts."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import replace
 
@@ -109,13 +110,17 @@ def test_post_verify_drafts_are_reused(tiny_models, hf_greedy):
     assert overlap.exposed_draft_forwards < 0.25 * 4 * overlap.steps
 
 
-@pytest.mark.parametrize("policy,frontier", [("fixed:2", None), ("fixed:3", 1)])
-def test_overlap_keeps_the_sampling_distribution(small_vocab_pair, policy, frontier):  # noqa: F811
+@pytest.mark.parametrize("policy,frontier,seeded", [
+    ("fixed:2", None, False), ("fixed:3", 1, False), ("fixed:3", 1, True),
+])
+def test_overlap_keeps_the_sampling_distribution(small_vocab_pair, policy, frontier,  # noqa: F811
+                                                 seeded, monkeypatch):
     target, draft = small_vocab_pair
+    monkeypatch.setattr(torch, "seed", itertools.count(10**6).__next__)  # runs repeat
     llm = overlapped(target, draft, policy, frontier, num_kv_blocks=4096, max_num_seqs=128,
                      max_num_batched_tokens=1024)
-    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i, ignore_eos=True, **PARAMS)
-              for i in range(NUM_SAMPLES)]
+    params = [SamplingParams(max_tokens=SAMPLED_TOKENS, seed=i if seeded else None,
+                             ignore_eos=True, **PARAMS) for i in range(NUM_SAMPLES)]
     outputs = llm.generate([PROMPT] * NUM_SAMPLES, params)
     assert_marginals_match(outputs, target)
     stats = llm.engine.stats
@@ -124,12 +129,16 @@ def test_overlap_keeps_the_sampling_distribution(small_vocab_pair, policy, front
         assert llm.engine.speculator.overlap.stats.carried_tokens > 0
 
 
-def test_overlap_same_seed_same_output(small_vocab_pair):  # noqa: F811
+def test_a_seeded_answer_overlapped_is_plain_decodings(small_vocab_pair):  # noqa: F811
     target, draft = small_vocab_pair
-    params = SamplingParams(max_tokens=16, seed=7, ignore_eos=True, **PARAMS)
-    runs = [overlapped(target, draft, "fixed:3", 2).generate([PROMPT, [4, 5]], params)
-            for _ in range(2)]
+    params = [SamplingParams(max_tokens=16, seed=s, ignore_eos=True, **PARAMS) for s in (7, 8)]
+    llm = overlapped(target, draft, "fixed:3", 2)
+    runs = [llm.generate([PROMPT, [4, 5]], params) for _ in range(2)]
+    plain = LLM(str(target), spec=SpecConfig(policy="off"), num_kv_blocks=96, block_size=4,
+                dtype="float32").generate([PROMPT, [4, 5]], params)
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
+    assert [o.token_ids for o in runs[0]] == [o.token_ids for o in plain]
+    assert llm.engine.speculator.overlap.stats.steps > 0
 
 
 def test_lane_has_its_own_thread_count():
