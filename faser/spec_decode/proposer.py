@@ -275,7 +275,7 @@ class Proposer:
     def _pick(seq: SpecRequest, row: torch.Tensor, position: int) -> int:
         """A sampled row's token: its race winner when seeded, else drawn from its generator."""
         if seq.params.seeded:
-            return int(race_scores(row[None], seq.params.seed, position).argmax())
+            return int(argmax(race_scores(row[None], seq.params.seed, position)))
         return sample_inverse_cdf(row, float(torch.rand(1, generator=seq.generator)))
 
 

@@ -26,3 +26,15 @@ def test_the_noise_is_the_seeds_and_the_positions_alone():
     assert not torch.equal(race_scores(P[None], 3, 40), race_scores(P[None], 3, 41))
     assert not torch.equal(race_scores(P[None], 3, 40), race_scores(P[None], 4, 40))
     assert torch.isneginf(scores[0, -1]) and torch.isneginf(scores[1, 0])
+
+
+def test_across_blocks_each_token_wins_with_its_probability():
+    """The blocks race first, each on its mass, then the winning block's entries: mass spread
+    over several blocks (of 256), with one in the padding's block."""
+    p = torch.zeros(1000)
+    p[[3, 300, 301, 700, 999]] = torch.tensor([0.4, 0.25, 0.15, 0.15, 0.05])
+    winners = [int(race_scores(p[None], seed, 5).argmax()) for seed in range(4000)]
+    counts = torch.bincount(torch.tensor(winners), minlength=1000).float()
+    assert counts.sum() == counts[[3, 300, 301, 700, 999]].sum()
+    rejected, stat = chi_square_rejects(counts[[3, 300, 301, 700, 999]], p[[3, 300, 301, 700, 999]])
+    assert not rejected, stat
