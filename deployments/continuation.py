@@ -4,22 +4,25 @@ whole answer's, so the client's stream goes on as if nothing had happened.
 
 The ingress names those tokens in `GenerateRequest.resume_token_ids` (deployments/ingress.py).
 Greedy decoding continues exactly: the engine is exact, so prefilling prompt + sent tokens gives
-the next token that decoding them one by one would have given.
+the next token that decoding them one by one would have given; so does seeded sampling, whose
+tokens are races keyed by the seed and their positions (faser/layers/race.py).
 
-The text is decoded from the whole answer's ids, never from the continuation's alone, which could
-split a multi-byte character at the join or lose a space the tokenizer strips from a text's first
-token. Its deltas start where the client's text ended (the text of the sent tokens less what
-TextDeltas held back, which the continuation then sends), and a stop string that spans the join
-ends the request where the first replica would have ended it.
+The text is decoded from the whole answer's ids (incrementally, faser/engine/detokenizer.py),
+never from the continuation's alone, which could split a multi-byte character at the join or
+lose a space the tokenizer strips from a text's first token. Its deltas start where the client's
+text ended (the text of the sent tokens less what TextDeltas held back, which the continuation
+then sends), and a stop string that spans the join ends the request where the first replica would
+have ended it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from faser.engine.async_engine import TextDeltas
+from faser.engine.detokenizer import IncrementalText
 from faser.outputs import RequestOutput
 from faser.sampling_params import SamplingParams
 
@@ -32,6 +35,7 @@ class Continuation:
     num_prompt_tokens: int  # the rendered prompt's, without sent_ids: what usage reports
     stop: tuple[str, ...]
     tokenizer: Any
+    text: IncrementalText = field(default_factory=IncrementalText)  # the whole answer's, so far
 
     def engine_prompt(self, prompt_ids: list[int]) -> list[int]:
         return [*prompt_ids, *self.sent_ids]
@@ -79,6 +83,6 @@ class Continuation:
         and whether it was cut."""
         if self.tokenizer is None:
             return "", False
-        text = self.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = self.text.decode(self.tokenizer, token_ids)
         hits = [at for stop in self.stop if (at := text.find(stop)) != -1]
         return (text[: min(hits)], True) if hits else (text, False)
