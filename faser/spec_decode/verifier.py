@@ -166,7 +166,8 @@ def _greedy_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]
 
 
 def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]]:
-    """Each entry's tokens and accepted count by rejection sampling (faser_kernels.rejection)."""
+    """Each entry's tokens and accepted count by rejection sampling (faser_kernels.rejection); a
+    seeded entry's rows are race scores, judged by the greedy rule."""
     logits = torch.cat([e.rows for e in entries])  # [num_rows, vocab]
     vocab = logits.shape[-1]
     params = [e.params for e in entries for _ in range(e.rows.shape[0])]
