@@ -56,6 +56,7 @@ from faser.engine.llm_engine import LLMEngine
 from faser.slo import Slo
 
 DEFAULT_POLICIES = ",".join(("off", "fixed:4", *POLICIES[2:]))
+SAMPLINGS = ("seeded", "unseeded", "both")
 TRACES_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 TRACE_NAMES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 WARMUP_TOKENS = 8
@@ -63,8 +64,9 @@ WARMUP_TOKENS = 8
 
 @dataclass(frozen=True, slots=True)
 class PolicyArg:
-    label: str  # as given on the command line, e.g. "fixed:4"
+    label: str  # as given on the command line, e.g. "fixed:4"; "<label> unseeded" for the twin
     spec: dict  # the per-request override
+    seeded: bool = True  # sampled requests carry seeds (races) or not (rejection sampling)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +114,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="0: greedy; above 0 request i is sampled with seed i, a race at each "
                         "position that speculation cannot move (faser.layers.race). Either way "
                         "every policy's output must equal the first's")
-    p.add_argument("--unseeded", action="store_true",
-                   help="sampled requests carry no seed: rejection sampling, which keeps the "
-                        "target's distribution, not plain sampling's draws (no output check)")
+    p.add_argument("--sampling", choices=SAMPLINGS, default="seeded",
+                   help="above temperature 0: `unseeded` requests carry no seed (rejection "
+                        "sampling, which keeps the target's distribution, not plain sampling's "
+                        "draws: no output check); `both` runs every policy both ways, the "
+                        "unseeded twin labelled '<policy> unseeded'")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--weight-format", default=EngineConfig().weight_format,
@@ -128,6 +132,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "and print each policy's decisions priced per step shape "
                         "(benchmarks.step_prices)")
     return p.parse_args(argv)
+
+
+def with_sampling(policies: list[PolicyArg], sampling: str) -> list[PolicyArg]:
+    """The policies as `--sampling` runs them: seeded, unseeded, or each both ways."""
+    unseeded = [PolicyArg(f"{p.label} unseeded" if sampling == "both" else p.label, p.spec,
+                          seeded=False) for p in policies]
+    return {"seeded": policies, "unseeded": unseeded, "both": policies + unseeded}[sampling]
 
 
 def parse_policies(text: str) -> list[PolicyArg]:
@@ -244,6 +255,8 @@ class Bench:
 
 def prepare(args: argparse.Namespace) -> Bench:
     policies = parse_policies(args.policies)
+    if args.temperature > 0:
+        policies = with_sampling(policies, args.sampling)
     slo = Slo.parse({"tpot_ms": args.slo_tpot_ms, "ttft_ms": args.slo_ttft_ms})
     if args.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {args.max_tokens}")
@@ -359,7 +372,8 @@ def priced_ratios(records: Sequence[dict], trace: str | Path) -> list[str]:
             r["priced_decode_tokens_per_s"] = rates[r["policy"]]
         shown = ", ".join(f"{name} {rate:.1f}" for name, rate in rates.items())
         line = f"{_level_name(runs[0])}: decode tok/s at each step shape's median, {shown}"
-        others = [v for name, v in rates.items() if not name.startswith("faser")]
+        others = [v for name, v in rates.items()
+                  if not name.startswith("faser") and not name.endswith(" unseeded")]
         if "faser" in rates and others and max(others) > 0:
             line += f"; faser / best other {rates['faser'] / max(others):.3f}"
         lines.append(line)
@@ -375,7 +389,9 @@ def round_ratios(records: Sequence[dict]) -> list[str]:
     for level in _levels(records):
         runs = [r for r in records if _level_key(r) == level and "rounds_output_tokens_per_s" in r]
         ours = [r for r in runs if r["policy"] == "faser"]
-        others = [r for r in runs if not r["policy"].startswith("faser")]
+        # seeded against seeded: an unseeded twin samples another way
+        others = [r for r in runs if not r["policy"].startswith("faser")
+                  and r.get("seeded", True) == ours[0].get("seeded", True)] if ours else []
         if not ours or not others:
             continue
         ratios = [_round_ratio(ours[0], others, j)
@@ -412,7 +428,7 @@ def _level_name(record: dict) -> str:
 def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
               shift: int) -> list[tuple[dict, RunResult]]:
     """Every policy once, starting with policy `shift`; (record, run) in the policies' own order.
-    The first run's outputs are the reference every other run must match when greedy."""
+    The first greedy or seeded run's outputs are the reference every other such run must match."""
     count = len(bench.policies)
     order = [(shift + j) % count for j in range(count)]
     records: dict[int, tuple[dict, RunResult]] = {}
@@ -421,18 +437,18 @@ def run_round(bench: Bench, args, n: int, level: Level, bar: tqdm,
         p = bench.policies[i]
         ignore_eos = args.ignore_eos or level.concurrency is None
         run = RunSpec(f"L{n}-R{shift}-{p.label}", p.spec, ignore_eos, bench.slo_kwargs,
-                      args.temperature, not args.unseeded)
+                      args.temperature, p.seeded)
         before = mode_steps(bench.engine, p.spec["policy"])
         first_step = count_lines(args.step_trace) if args.step_trace else 0
         result = run_level(bench.engine, level, run, bar)
         modes = _delta(before, mode_steps(bench.engine, p.spec["policy"]))
-        reference = reference or [o.token_ids for o in result.outputs]
         record = {"policy": p.label, **level.fields, "max_tokens": args.max_tokens}
         record.update(summarise(result, bench.slo))
         if args.temperature > 0:
             record["temperature"] = args.temperature
-            record["seeded"] = not args.unseeded
-        if args.temperature == 0 or not args.unseeded:
+            record["seeded"] = p.seeded
+        if args.temperature == 0 or p.seeded:
+            reference = reference or [o.token_ids for o in result.outputs]
             matches = [o.token_ids == ref
                        for o, ref in zip(result.outputs, reference, strict=True)]
             # greedy or seeded output is plain decoding's whatever the policy: every run must
@@ -461,7 +477,7 @@ def describe(args: argparse.Namespace) -> str:
         f"({args.weight_format} weights, draft {args.draft_weights}), "
         f"{args.threads} torch thread(s), lanes {args.lane_threads or 'default'}, "
         f"{'greedy' if args.temperature == 0 else f'temperature {args.temperature:g}'}"
-        f"{', unseeded' if args.unseeded and args.temperature > 0 else ''}, "
+        f"{f', {args.sampling}' if args.temperature > 0 else ''}, "
         f"seed {args.seed}",
         f"prompts {args.prompts or DEFAULT_PROMPTS} (first {args.num_prompts}, first turn, chat "
         f"template), max_tokens {args.max_tokens}",

@@ -193,9 +193,11 @@ def test_seeded_samples_are_held_to_the_first_policys_and_unseeded_ones_are_not(
         assert r["outputs_match_first_policy"] == 1.0
         assert r["num_output_tokens"] == 3 * 6
     assert records[1]["mean_k"] > 0
-    unseeded = main([*args, "--temperature", "1.0", "--unseeded"])
-    assert "temperature 1, unseeded," in capsys.readouterr().out
-    assert all(not r["seeded"] and "outputs_match_first_policy" not in r for r in unseeded)
+    both = main([*args, "--temperature", "1.0", "--sampling", "both"])
+    assert "temperature 1, both," in capsys.readouterr().out
+    assert [r["policy"] for r in both] == ["off", "fixed:2", "off unseeded", "fixed:2 unseeded"]
+    assert all(r["outputs_match_first_policy"] == 1.0 for r in both[:2])
+    assert all(not r["seeded"] and "outputs_match_first_policy" not in r for r in both[2:])
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         main([*args, "--temperature", "-0.5"])
 
