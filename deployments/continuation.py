@@ -35,7 +35,7 @@ class Continuation:
     num_prompt_tokens: int  # the rendered prompt's, without sent_ids: what usage reports
     stop: tuple[str, ...]
     tokenizer: Any
-    text: IncrementalText = field(default_factory=IncrementalText)  # the whole answer's, so far
+    detokenizer: IncrementalText = field(default_factory=IncrementalText)  # the whole answer's
 
     def engine_prompt(self, prompt_ids: list[int]) -> list[int]:
         return [*prompt_ids, *self.sent_ids]
@@ -83,6 +83,6 @@ class Continuation:
         and whether it was cut."""
         if self.tokenizer is None:
             return "", False
-        text = self.text.decode(self.tokenizer, token_ids)
+        text = self.detokenizer.decode(self.tokenizer, token_ids)
         hits = [at for stop in self.stop if (at := text.find(stop)) != -1]
         return (text[: min(hits)], True) if hits else (text, False)

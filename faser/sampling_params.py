@@ -81,6 +81,12 @@ class SamplingParams:
         return not self.greedy and self.seed is not None
 
     @property
+    def by_argmax(self) -> bool:
+        """Its tokens are argmaxes, of its logits (greedy) or of its races (seeded): its drafts
+        are verified without their q rows or uniforms, by the greedy rule."""
+        return self.greedy or self.seeded
+
+    @property
     def penalised(self) -> bool:
         """Its logits depend on the tokens before them (so each row needs its own history)."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0

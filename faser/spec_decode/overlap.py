@@ -149,8 +149,7 @@ class OverlapStep:
     def _item(self, r: _Request, size: int) -> FrontierItem:
         draft = r.line.tokens[: r.k]
         checks = frontier_checks(len(draft), r.offset, size)
-        # greedy and seeded requests are judged by their rows' argmaxes: no q, no uniforms
-        by_argmax = r.seq.params.greedy or r.seq.params.seeded
+        by_argmax = r.seq.params.by_argmax
         q = torch.stack(r.line.probs[: len(draft)]) if draft and not by_argmax else None
         u = (torch.zeros(checks + 1) if by_argmax
              else torch.rand(checks + 1, generator=r.seq.generator))

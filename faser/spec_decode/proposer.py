@@ -128,7 +128,7 @@ class Proposer:
                 proposal.draft_token_ids[i].append(tokens[row])
                 proposal.confidences[i].append(confidences[row])
                 cumulative[i] *= proposal.confidences[i][-1]
-                if _rejection_sampled(seqs[i]):
+                if not seqs[i].params.by_argmax:  # rejection sampling reads its q rows
                     q_rows[i].append(rows[row])
             step += 1
             active = [
@@ -170,7 +170,7 @@ class Proposer:
             prefer_lookup(seqs, tails, tokens, confidences, self.calibration,
                           self.lookup_precision)
         return [
-            (token, rows[row].clone() if _rejection_sampled(seq) else None, conf)
+            (token, None if seq.params.by_argmax else rows[row].clone(), conf)
             for row, (seq, token, conf) in enumerate(zip(seqs, tokens, confidences, strict=True))
         ]
 
@@ -277,11 +277,6 @@ class Proposer:
         if seq.params.seeded:
             return int(argmax(race_scores(row[None], seq.params.seed, position)))
         return sample_inverse_cdf(row, float(torch.rand(1, generator=seq.generator)))
-
-
-def _rejection_sampled(seq: SpecRequest) -> bool:
-    """Its drafts are verified by rejection sampling, which needs their q rows."""
-    return not seq.params.greedy and not seq.params.seeded
 
 
 def stop_for(seq: SpecRequest, stop: float | None) -> float | None:

@@ -193,7 +193,7 @@ def _sampled_outcomes(entries: list[_Entry]) -> tuple[list[list[int]], list[int]
                    else torch.zeros(len(e.checked), vocab, device=device)
                    for e in entries]) if has_q else None,
         probs,
-        torch.tensor([_by_argmax(e.params) for e in entries], device=device),
+        torch.tensor([e.params.by_argmax for e in entries], device=device),
         torch.cat([e.u_accept for e in entries]).to(device),
         torch.cat([e.u_sample for e in entries]).to(device),
     )
@@ -247,13 +247,8 @@ def _keep_features(
         row += n
 
 
-def _by_argmax(params: SamplingParams) -> bool:
-    """Its tokens are its rows' argmaxes: greedy, or seeded (rows of race scores)."""
-    return params.greedy or params.seeded
-
-
 def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if _by_argmax(seq.params):
+    if seq.params.by_argmax:
         return torch.zeros(k), torch.zeros(1)
     u = torch.rand(k + 1, generator=seq.generator)
     return u[:k], u[k:]
@@ -292,7 +287,7 @@ def _decode_entry(it: FrontierItem, logits: torch.Tensor) -> _Entry:
 
 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:
-    u = torch.zeros(1) if _by_argmax(seq.params) else torch.rand(1, generator=seq.generator)
+    u = torch.zeros(1) if seq.params.by_argmax else torch.rand(1, generator=seq.generator)
     return _Entry([], rows, None, torch.zeros(0), u, seq.params, True, seq, history(seq),
                   seq.num_tokens)
 

@@ -137,6 +137,14 @@ def rescore_head_torch(logits, hidden, weight, num_top):
     return out.scatter_(1, top, exact)
 
 
+def first_argmax(rows: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] -> [num_rows]
+    """Each row's first maximum, as torch.argmax gives it; by argmax_rows where it runs (float32
+    rows on a CPU with the kernels), which reads a row several times faster."""
+    if runs_on(rows) and rows.dtype == torch.float32:
+        return argmax_rows(rows)
+    return rows.argmax(dim=-1)
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:  # [m, n] float32 -> [m] int64
     """Each row's first maximum (rows without NaN)."""
     if x.dtype != torch.float32 or x.dim() != 2:

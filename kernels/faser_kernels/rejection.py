@@ -52,7 +52,7 @@ def rejection_sample_torch(
     num_accepted = torch.zeros(num_reqs, dtype=torch.long)
     draft = draft_token_ids.tolist()
     greedy = is_greedy.tolist()
-    argmax = _argmax_rows(target_probs).tolist() if any(greedy) else []
+    argmax = cpu_ops.first_argmax(target_probs).tolist() if any(greedy) else []
     for i in range(num_reqs):
         start, k = cu[i], cu[i + 1] - cu[i]
         row0 = start + i  # the target rows of request i start here
@@ -69,14 +69,6 @@ def rejection_sample_torch(
         out[i, : len(tokens)] = torch.tensor(tokens)
         num_accepted[i] = len(tokens) - 1
     return RejectionOutput(out.to(target_probs.device), num_accepted.to(target_probs.device))
-
-
-def _argmax_rows(rows: torch.Tensor) -> torch.Tensor:  # [num_rows, vocab] -> [num_rows]
-    """torch.argmax's first maximum of each row; on CPUs by the C kernel, which reads a row
-    several times faster (a seeded request's rows all come this way)."""
-    if cpu_ops.runs_on(rows) and rows.dtype == torch.float32:
-        return cpu_ops.argmax_rows(rows)
-    return rows.argmax(dim=-1)
 
 
 def greedy_tokens(draft: list[int], argmax: list[int]) -> list[int]:
