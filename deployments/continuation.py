@@ -35,7 +35,8 @@ class Continuation:
     num_prompt_tokens: int  # the rendered prompt's, without sent_ids: what usage reports
     stop: tuple[str, ...]
     tokenizer: Any
-    detokenizer: IncrementalText = field(default_factory=IncrementalText)  # the whole answer's
+    # the whole answer's text as it grows (each output's); the sent part alone is decoded apart
+    detokenizer: IncrementalText = field(default_factory=IncrementalText)
 
     def engine_prompt(self, prompt_ids: list[int]) -> list[int]:
         return [*prompt_ids, *self.sent_ids]
@@ -49,7 +50,9 @@ class Continuation:
     def text_deltas(self) -> TextDeltas:
         deltas = TextDeltas(self.stop)
         if self.sent_ids:  # the client has this text already: deltas start after it
-            deltas.delta(self._text(list(self.sent_ids))[0], finished=False)
+            sent = "" if self.tokenizer is None else self.tokenizer.decode(
+                list(self.sent_ids), skip_special_tokens=True)  # once: not the growing decoder
+            deltas.delta(self._cut(sent)[0], finished=False)
         return deltas
 
     def outputs(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
@@ -68,7 +71,8 @@ class Continuation:
     def whole(self, output: RequestOutput) -> RequestOutput:
         """The engine's output of the continuation as the whole answer's."""
         token_ids = [*self.sent_ids, *output.token_ids]
-        text, stopped = self._text(token_ids)
+        text, stopped = self._cut(self.detokenizer.decode(self.tokenizer, token_ids)
+                                  if self.tokenizer is not None else "")
         return replace(
             output,
             prompt_token_ids=output.prompt_token_ids[: self.num_prompt_tokens],
@@ -78,11 +82,8 @@ class Continuation:
             finish_reason="stop" if stopped else output.finish_reason,
         )
 
-    def _text(self, token_ids: list[int]) -> tuple[str, bool]:
-        """The answer's text cut before its first stop string (as faser/engine/stop.py cuts it),
-        and whether it was cut."""
-        if self.tokenizer is None:
-            return "", False
-        text = self.detokenizer.decode(self.tokenizer, token_ids)
+    def _cut(self, text: str) -> tuple[str, bool]:
+        """The text cut before its first stop string (as faser/engine/stop.py cuts it), and
+        whether it was cut."""
         hits = [at for stop in self.stop if (at := text.find(stop)) != -1]
         return (text[: min(hits)], True) if hits else (text, False)

@@ -34,7 +34,10 @@ class IncrementalText:
     num_settled: int = 0
 
     def decode(self, tokenizer: Any, token_ids: list[int]) -> str:
-        """The text of `token_ids` (the output so far: the last call's tokens and new ones)."""
+        """The text of `token_ids` (the output so far: the last call's tokens and new ones; a
+        shorter list is decoded whole and starts over)."""
+        if len(token_ids) < self.num_settled:
+            self.settled_text, self.num_settled = "", 0
         text = self._extend(tokenizer, token_ids)
         if text is None:
             text = _decode(tokenizer, token_ids)

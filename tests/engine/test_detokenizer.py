@@ -94,3 +94,20 @@ def test_each_step_decodes_a_window_not_the_whole_output():
         # one token new, a few settled before it (further back where the window would start
         # inside a character) and at most a split character's bytes unsettled
         assert max(decoded) <= 1 + CONTEXT_TOKENS + MAX_BACK_TOKENS + 3
+
+
+def test_a_shorter_output_starts_over():
+    """A caller that decodes a shorter list (the continuation once decoded the sent part after
+    the whole answer's first output) gets its whole decode, and later growth stays right; it
+    used to extend the longer call's settled text, and a repeating answer lost characters."""
+    tokenizer = build_tokenizer()
+    rng = random.Random(1)
+    for _ in range(200):
+        base = [rng.randrange(len(tokenizer)) for _ in range(rng.randint(1, 4))]
+        ids = (base * 60)[: rng.randint(20, 200)]
+        cut = rng.randint(1, len(ids) - 10)
+        grown = rng.randint(cut + 1, len(ids) - 5)
+        text = IncrementalText()
+        for prefix in (ids[:grown], ids[:cut], ids[: grown + 2], ids):
+            assert text.decode(tokenizer, prefix) == tokenizer.decode(
+                prefix, skip_special_tokens=True), (ids, cut, grown, len(prefix))

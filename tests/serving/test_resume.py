@@ -13,11 +13,13 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments import ingress
 from deployments.api import QueueFull, build_openai_app
+from deployments.continuation import Continuation
 from deployments.ingress import RayEngineClient, ReplicaLost
 from deployments.serving import GenerateRequest, OpenAIServing, StreamStart
 from faser.config import EngineConfig, SpecConfig
 from faser.engine.async_engine import AsyncLLMEngine, StreamDelta, TextDeltas
 from faser.engine.llm_engine import LLMEngine
+from faser.outputs import RequestOutput
 
 MAX_MODEL_LEN = 200
 MODEL = "tiny"
@@ -78,6 +80,21 @@ def test_a_continuation_joins_the_sent_part_exactly(serving):
         last = rest[-1]
         assert (last.num_output_tokens, last.num_prompt_tokens) == (40, start.num_prompt_tokens)
         assert last.finished and last.finish_reason == "length"
+
+
+def test_the_sent_texts_decode_leaves_the_answers_text_whole(serving):
+    """The stream reads its first output (the whole answer's text, decoded incrementally) before
+    it decodes the sent tokens' text for its deltas: that shorter decode once went through the
+    same incremental decoder, which grows only, and a repeating answer lost characters."""
+    ids = [216, 371] * 10 + [216]
+    resumed = Continuation(tuple(ids[:17]), 3, (), serving.tokenizer)
+
+    def output(n: int) -> RequestOutput:
+        return RequestOutput("r", [1, 2, 3], ids[17:n], "", False, None)
+
+    resumed.whole(output(19))
+    resumed.text_deltas()
+    assert resumed.whole(output(21)).text == serving.tokenizer.decode(ids)
 
 
 def test_a_stop_string_across_the_join_ends_the_continuation(serving):
