@@ -70,6 +70,7 @@ class LLMEngine:
                 self.target.feature_layers = self.pair.draft.feature_layers
         self.scheduler = Scheduler(config, self.blocks)
         self.draft = draft
+        self.cluster_load = 0.0  # the router's signal (set_cluster_load)
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map,
                                      self.blocks)
         if draft is not None:
@@ -302,6 +303,7 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_prefill_tokens=sched.num_prefill_tokens,
             token_budget=sched.token_budget_left,
+            cluster_load=self.cluster_load,
         )
 
     def load_stats(self) -> dict[str, float | int | str]:
@@ -316,7 +318,8 @@ class LLMEngine:
         }
 
     def set_cluster_load(self, load: float) -> None:
-        self.speculator.cluster_load = load
+        """The router's fleet-wide load signal, which the faser policies read each step."""
+        self.cluster_load = max(0.0, float(load))
 
     @property
     def num_free_blocks(self) -> int:

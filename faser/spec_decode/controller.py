@@ -21,7 +21,6 @@ class ModeController:
     def __init__(self, can_overlap: bool) -> None:
         self.can_overlap = can_overlap
         self.mode = "prune"
-        self.cluster_load = 0.0
         self.steps_in_mode: Counter[str] = Counter()
         self._off_batch = 0  # the batch at which the plan stopped speculating (0: none)
         self._off_steps = 0
@@ -36,18 +35,20 @@ class ModeController:
         self.steps_in_mode["off"] += 1
         return True
 
-    def cap(self, max_k: int) -> int:
-        return math.ceil(max_k / 2) if self.cluster_load >= CLUSTER_BUSY else max_k
+    @staticmethod
+    def cap(max_k: int, cluster_load: float) -> int:
+        return math.ceil(max_k / 2) if cluster_load >= CLUSTER_BUSY else max_k
 
-    def update(self, ks: tuple[int, ...], num_prefill_tokens: int, knee: float) -> str:
-        """The mode of a step whose plan is `ks`."""
+    def update(self, ks: tuple[int, ...], num_prefill_tokens: int, knee: float,
+               cluster_load: float = 0.0) -> str:
+        """The mode of a step whose plan is `ks`, `cluster_load` being the router's signal."""
         if not any(ks):
             self.mode = "off"
             self._off_batch = len(ks) if num_prefill_tokens == 0 else 0
             self._off_steps = 0
         else:
             rows = sum(k + 1 for k in ks) + num_prefill_tokens
-            calm = self.cluster_load < CLUSTER_BUSY
+            calm = cluster_load < CLUSTER_BUSY
             self.mode = "overlap" if self.can_overlap and calm and rows <= knee else "prune"
         self.steps_in_mode[self.mode] += 1
         return self.mode

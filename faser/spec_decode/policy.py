@@ -34,6 +34,7 @@ class LoadView:
     num_waiting: int
     num_prefill_tokens: int  # prefill tokens already scheduled into this step's target batch
     token_budget: int  # target tokens still free in this step's batch
+    cluster_load: float = 0.0  # the router's signal (faser.spec_decode.controller)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +151,15 @@ class FaserPolicy(Policy):
             # requests queue: the replica is compute-bound, and its waiting requests pay for the
             # step's drafting, which the running batch's goodput does not see
             zero = (0,) * len(states)
-            return StepPlan(zero, mode=self.controller.update(zero, load.num_prefill_tokens, 0.0))
-        cap = self.controller.cap(self.config.max_k)
+            mode = self.controller.update(zero, load.num_prefill_tokens, 0.0, load.cluster_load)
+            return StepPlan(zero, mode=mode)
+        cap = self.controller.cap(self.config.max_k, load.cluster_load)
         acceptance = [self.estimator.before_draft(s, min(s.max_k, cap)) for s in states]
         limits = Limits(_budget(load, limits), limits.max_step_time_s, limits.tpot_deadlines_s)
         choice = choose_k(acceptance, self.cost, load.num_prefill_tokens, limits,
                           draft_lags=draft_lags)
-        mode = self.controller.update(choice.ks, load.num_prefill_tokens, self.cost.profile.knee())
+        mode = self.controller.update(choice.ks, load.num_prefill_tokens, self.cost.profile.knee(),
+                                      load.cluster_load)
         frontier = None
         if self.allow_prune and mode == "prune":
             frontier = self.config.frontier_size or choose_frontier_size(

@@ -58,7 +58,6 @@ class Speculator:
         self.overlap: OverlapStep | None = None  # set by use_lanes
         self.cost: CostModel | None = None  # set by use_cost_profile
         self._policies: dict[str, Policy] = {}
-        self._cluster_load = 0.0
         self.mode = "off" if config.policy == "off" else "prune"
         self.stats = SpecStats()
         self.trace = DecisionTrace(config.trace_path)
@@ -91,23 +90,9 @@ class Speculator:
     def policy(self, name: str) -> Policy:
         if name not in self._policies:
             config = replace(self.config, policy=name)
-            policy = make_policy(config, self.estimator, self.cost, self.overlap is not None)
-            if isinstance(policy, FaserPolicy):
-                policy.controller.cluster_load = self._cluster_load
-            self._policies[name] = policy
+            self._policies[name] = make_policy(config, self.estimator, self.cost,
+                                               self.overlap is not None)
         return self._policies[name]
-
-    @property
-    def cluster_load(self) -> float:
-        return self._cluster_load
-
-    @cluster_load.setter
-    def cluster_load(self, load: float) -> None:
-        """The router's fleet-wide load signal, handed to every mode controller."""
-        self._cluster_load = max(0.0, float(load))
-        for policy in self._policies.values():
-            if isinstance(policy, FaserPolicy):
-                policy.controller.cluster_load = self._cluster_load
 
     def run(
         self, decodes: list[SpecRequest], prefills: list[tuple[SpecRequest, int]], load: LoadView
@@ -138,7 +123,7 @@ class Speculator:
         if verify_start is not None and self.cost is not None and not prefills and frontier is None:
             self.cost.observe(len(decodes), ks, proposal.forward_rows, verify_start - draft_start,
                               end - verify_start)
-        self._record(groups, ks, verdicts, frontier, end - start, limits, prefills)
+        self._record(groups, ks, verdicts, frontier, end - start, limits, prefills, load)
         return verdicts, prefill_tokens
 
     def _sequential(self, decodes, prefills, max_k, frontier, groups, load):
@@ -253,7 +238,7 @@ class Speculator:
                                                            verdict.num_accepted)
 
     def _record(self, groups: dict[str, _Group], ks: list[int], verdicts, frontier,
-                elapsed: float, limits: Limits, prefills) -> None:
+                elapsed: float, limits: Limits, prefills, load: LoadView) -> None:
         self.num_steps += 1
         if not self.trace.enabled or not verdicts:
             return
@@ -270,7 +255,7 @@ class Speculator:
             predicted_accepted=list(choice.expected_accepted) if choice else None,
             realised_accepted=[v.num_accepted for v in verdicts],
             predicted_time_s=choice.step_time_s if choice else None,
-            measured_time_s=elapsed, planned_k=list(plan.max_k), cluster_load=self._cluster_load,
+            measured_time_s=elapsed, planned_k=list(plan.max_k), cluster_load=load.cluster_load,
             policy=name, target_scale=cost.target_scale if cost else None,
             decode_scale=cost.decode_scale if cost else None,
             draft_scale=cost.draft_scale if cost else None,

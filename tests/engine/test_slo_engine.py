@@ -113,3 +113,19 @@ def test_an_engine_that_cannot_overlap_never_plans_an_overlapped_step(tiny_model
     modes = {r["mode"] for r in read_trace(tmp_path / "trace.jsonl")}
     assert modes and "overlap" not in modes
     assert eng.speculator.policy("faser").controller.can_overlap is False
+
+
+def test_a_busy_fleet_caps_k_through_the_engine(tiny_models, hf_greedy, tmp_path):
+    """The router's signal reaches each step's plan: k at most half its cap while busy."""
+    planned = {}
+    for cluster_load in (0.0, 1.0):
+        eng = engine(tiny_models, tmp_path / str(cluster_load))
+        eng.set_cluster_load(cluster_load)
+        outputs = run(eng, [None] * len(PROMPTS))
+        for prompt, out in zip(PROMPTS, outputs, strict=True):
+            assert out.token_ids == hf_greedy("gqa_tied", prompt, MAX_TOKENS)
+        records = read_trace(tmp_path / str(cluster_load) / "trace.jsonl")
+        assert {r["cluster_load"] for r in records} == {cluster_load}
+        planned[cluster_load] = max(k for r in records for k in r["planned_k"])
+    max_k = eng.config.spec.max_k
+    assert planned[0.0] > -(-max_k // 2) >= planned[1.0] > 0

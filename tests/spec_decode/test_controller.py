@@ -87,8 +87,7 @@ def test_overlap_needs_lanes_rows_within_the_knee_and_a_calm_fleet(
     can_overlap, ks, prefill, cluster_load, mode
 ):
     controller = ModeController(can_overlap)
-    controller.cluster_load = cluster_load
-    assert controller.update(ks, prefill, KNEE) == mode
+    assert controller.update(ks, prefill, KNEE, cluster_load) == mode
     assert controller.mode == mode and controller.steps_in_mode[mode] == 1
 
 
@@ -97,6 +96,4 @@ def test_overlap_needs_lanes_rows_within_the_knee_and_a_calm_fleet(
     [(0.0, 8, 8), (0.99, 8, 8), (1.0, 8, 4), (2.5, 8, 4), (1.0, 5, 3), (1.0, 1, 1), (1.0, 0, 0)],
 )
 def test_a_busy_fleet_halves_k(cluster_load, max_k, cap):
-    controller = ModeController(can_overlap=True)
-    controller.cluster_load = cluster_load
-    assert controller.cap(max_k) == cap
+    assert ModeController.cap(max_k, cluster_load) == cap

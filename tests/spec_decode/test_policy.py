@@ -1,5 +1,7 @@
 """Speculation policies on synthetic costs and acceptances, with no model loaded."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,8 +33,8 @@ def states(*alphas, max_k=8, policy="faser"):
     ]
 
 
-def load(num_running, budget=512, prefill=0, waiting=0):
-    return LoadView(num_running, waiting, prefill, budget)
+def load(num_running, budget=512, prefill=0, waiting=0, cluster_load=0.0):
+    return LoadView(num_running, waiting, prefill, budget, cluster_load)
 
 
 def static(name):
@@ -184,8 +186,7 @@ def test_faser_prunes_past_the_knee_with_the_cheapest_frontier():
 
 def test_a_busy_fleet_halves_k_and_stops_overlap():
     policy = faser(can_overlap=True)
-    policy.controller.cluster_load = 1.0
-    plan = policy.plan(states(0.95, 0.95), load(2))
+    plan = policy.plan(states(0.95, 0.95), load(2, cluster_load=1.0))
     assert plan.mode == "prune" and 0 < max(plan.max_k) <= 4
 
 
@@ -332,8 +333,7 @@ def test_every_plan_and_trim_stays_within_zero_and_max_k(
     config = SpecConfig(policy=name, num_speculative_tokens=k)
     estimator = AcceptanceEstimator(config.alpha_prior)
     policy = make_policy(config, estimator, CostModel(profile), can_overlap)
-    if name in FASER:
-        policy.controller.cluster_load = cluster_load
+    view = replace(view, cluster_load=cluster_load)
     # an empty batch with a step-time limit divides by zero in the planner (see the report)
     limits = data.draw(limits_for(len(batch))) if batch else Limits()
     for _ in range(2):  # the second plan may be skipped by a controller that went off
