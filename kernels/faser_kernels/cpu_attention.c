@@ -10,8 +10,16 @@
  * A block of 16 keys (or values) is read once per tile, widened to fp32, and used by every query
  * head of the tile before the next block. Each query head still takes its keys in order, so the
  * tiling changes no bit; it spares re-reading the keys per query (attention was bound by reading
- * them from L2), so verifying k + 1 positions costs little more than a decode. Tensors (q, caches,
- * out) are bf16 or fp32, all of one dtype:
+ * them from L2), so verifying k + 1 positions costs little more than a decode.
+ *
+ * Memory: a work item takes a tile's run of kv heads (all of them while there are tiles enough to
+ * keep every thread busy), and each pass first copies STAGE_KEYS keys' rows of the run into a
+ * small stage, then computes from it. Read in the passes' own order, block by block between long
+ * stretches of arithmetic, the cache stalled on memory at every block (its blocks lie anywhere);
+ * a tight loop of copies keeps the hardware prefetchers ahead of it, and the run's rows of a key
+ * lie side by side. Neither changes a bit: each query head's arithmetic is the same.
+ *
+ * Tensors (q, caches, out) are bf16 or fp32, all of one dtype:
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
@@ -21,11 +29,14 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define MAX_CHUNKS 8 /* head_dim <= 128: 8 vectors of 16 fp32 */
-#define MAX_GROUP 8  /* query heads per kv head */
-#define TILE 8       /* queries of one request per tile */
+#define MAX_CHUNKS 8  /* head_dim <= 128: 8 vectors of 16 fp32 */
+#define MAX_GROUP 8   /* query heads per kv head */
+#define TILE 8        /* queries of one request per tile */
 #define MAX_HEADS (TILE * MAX_GROUP)
+#define MAX_KV_RUN 8  /* kv heads per work item */
+#define STAGE_KEYS 64 /* keys copied to the stage at a time */
 
 typedef struct {
     const void *q, *k_cache, *v_cache;
@@ -71,15 +82,33 @@ static inline __m512 sum16(const __m512 v[16]) {
     return _mm512_permutexvar_ps(order, z);
 }
 
-/* Keys (or values) j0 .. j0 + n - 1 of the tile's kv head as fp32 rows: block[j][c]. */
-static inline void read_block(const Attention *a, const Tile *tile, const void *cache, long j0,
-                              long n, const long CHUNKS, __m512 block[16][MAX_CHUNKS]) {
-    long b = j0 / a->block_size, offset = j0 % a->block_size;
-    for (long j = 0; j < n; j++) {
-        long slot = (long)tile->table[b] * a->block_size + offset;
-        const void *row = at(a, cache, (slot * a->num_kv_heads + tile->kv_head) * a->head_dim);
-        for (long c = 0; c < CHUNKS; c++) block[j][c] = load16(row, c * 16, a->head_dim, a->bf16);
-        if (++offset == a->block_size) b++, offset = 0;
+/* Copies keys (or values) j0 .. j0 + n - 1 of kv heads kv0 .. kv0 + run - 1 into `stage`, as
+ * [n][run][head_dim]: a tight loop of copies that the hardware prefetchers keep ahead of, where
+ * reading the cache in the passes' own order would stall on memory block by block. */
+static void stage_rows(const Attention *a, const int32_t *table, const void *cache, long j0,
+                       long n, long kv0, long run, void *stage) {
+    long elt = a->bf16 ? 2 : 4, row = run * a->head_dim * elt;
+    long stride = a->num_kv_heads * a->head_dim * elt;
+    const char *base = (const char *)cache + kv0 * a->head_dim * elt;
+    char *out = stage;
+    for (long j = 0; j < n;) {
+        long b = (j0 + j) / a->block_size, offset = (j0 + j) % a->block_size;
+        long len = a->block_size - offset < n - j ? a->block_size - offset : n - j;
+        const char *src = base + ((long)table[b] * a->block_size + offset) * stride;
+        if (row == stride)
+            memcpy(out, src, len * row);
+        else
+            for (long i = 0; i < len; i++) memcpy(out + i * row, src + i * stride, row);
+        out += len * row, j += len;
+    }
+}
+
+/* Rows 0 .. n - 1 of a kv head in the stage (row i at element i * stride) as fp32: block[i][c]. */
+static inline void read_rows(const Attention *a, const void *rows, long stride, long n,
+                             const long CHUNKS, __m512 block[16][MAX_CHUNKS]) {
+    for (long i = 0; i < n; i++) {
+        const void *row = at(a, rows, i * stride);
+        for (long c = 0; c < CHUNKS; c++) block[i][c] = load16(row, c * 16, a->head_dim, a->bf16);
     }
 }
 
@@ -89,36 +118,33 @@ static inline long keys_seen(long pos_h, long j0) {
     return n <= 0 ? 0 : n < 16 ? n : 16;
 }
 
-/* Pass 1: every query head's scores, scale * q . k, and their maximum. */
-static inline __attribute__((always_inline)) void score(const Attention *a, const Tile *tile,
-                                                        float *max_score, const long CHUNKS) {
+/* Pass 1, one block: every query head's scores against keys j0 .. j0 + 15 (`rows`, staged),
+ * scale * q . k, and their running maximum in top[h]. */
+static inline __attribute__((always_inline)) void score_block(const Attention *a,
+                                                              const Tile *tile, long j0,
+                                                              const void *rows, long stride,
+                                                              __m512 *top, const long CHUNKS) {
     long heads = (tile->t1 - tile->t0) * tile->group;
-    __m512 top[MAX_HEADS];
-    for (long h = 0; h < heads; h++) top[h] = _mm512_set1_ps(-INFINITY);
-    for (long j0 = 0; j0 <= tile->last_pos; j0 += 16) {
-        __m512 keys[16][MAX_CHUNKS];
-        long n_block = keys_seen(tile->last_pos, j0);
-        read_block(a, tile, a->k_cache, j0, n_block, CHUNKS, keys);
-        for (long h = 0; h < heads; h++) {
-            long t = tile->t0 + h / tile->group, n = keys_seen(tile->first + t, j0);
-            if (!n) continue;
-            long head = tile->kv_head * tile->group + h % tile->group;
-            const void *q_row = at(a, a->q, (t * a->num_heads + head) * a->head_dim);
-            __m512 q[MAX_CHUNKS], dots[16];
-            for (long c = 0; c < CHUNKS; c++) q[c] = load16(q_row, c * 16, a->head_dim, a->bf16);
-            for (long j = 0; j < 16; j++) {
-                __m512 dot = _mm512_setzero_ps();
-                for (long c = 0; j < n && c < CHUNKS; c++)
-                    dot = _mm512_fmadd_ps(q[c], keys[j][c], dot);
-                dots[j] = dot;
-            }
-            __mmask16 m = tail_mask(n);
-            __m512 s = _mm512_mul_ps(sum16(dots), _mm512_set1_ps(a->scale));
-            _mm512_mask_storeu_ps(tile->scores + h * tile->width + j0, m, s);
-            top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
+    __m512 keys[16][MAX_CHUNKS];
+    read_rows(a, rows, stride, keys_seen(tile->last_pos, j0), CHUNKS, keys);
+    for (long h = 0; h < heads; h++) {
+        long t = tile->t0 + h / tile->group, n = keys_seen(tile->first + t, j0);
+        if (!n) continue;
+        long head = tile->kv_head * tile->group + h % tile->group;
+        const void *q_row = at(a, a->q, (t * a->num_heads + head) * a->head_dim);
+        __m512 q[MAX_CHUNKS], dots[16];
+        for (long c = 0; c < CHUNKS; c++) q[c] = load16(q_row, c * 16, a->head_dim, a->bf16);
+        for (long j = 0; j < 16; j++) {
+            __m512 dot = _mm512_setzero_ps();
+            for (long c = 0; j < n && c < CHUNKS; c++)
+                dot = _mm512_fmadd_ps(q[c], keys[j][c], dot);
+            dots[j] = dot;
         }
+        __mmask16 m = tail_mask(n);
+        __m512 s = _mm512_mul_ps(sum16(dots), _mm512_set1_ps(a->scale));
+        _mm512_mask_storeu_ps(tile->scores + h * tile->width + j0, m, s);
+        top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
     }
-    for (long h = 0; h < heads; h++) max_score[h] = _mm512_reduce_max_ps(top[h]);
 }
 
 /* Pass 2: a query head's scores become exp(score - max) in place; returns 1 / their sum. */
@@ -134,60 +160,90 @@ static inline float normalise(float *scores, long pos, float max_score) {
     return 1.0f / _mm512_reduce_add_ps(sum);
 }
 
-/* Pass 3: every query head's values, weighted key by key in key order, into tile->acc. */
-static inline __attribute__((always_inline)) void weigh(const Attention *a, const Tile *tile,
-                                                        const long CHUNKS) {
+/* Pass 3, one block: every query head's values j0 .. j0 + 15 (`rows`, staged), weighted key by
+ * key in key order, added into tile->acc. */
+static inline __attribute__((always_inline)) void weigh_block(const Attention *a,
+                                                              const Tile *tile, long j0,
+                                                              const void *rows, long stride,
+                                                              const long CHUNKS) {
     long heads = (tile->t1 - tile->t0) * tile->group, d = CHUNKS * 16;
-    for (long h = 0; h < heads * d; h++) tile->acc[h] = 0.0f;
-    for (long j0 = 0; j0 <= tile->last_pos; j0 += 16) {
-        __m512 values[16][MAX_CHUNKS];
-        read_block(a, tile, a->v_cache, j0, keys_seen(tile->last_pos, j0), CHUNKS, values);
+    __m512 values[16][MAX_CHUNKS];
+    read_rows(a, rows, stride, keys_seen(tile->last_pos, j0), CHUNKS, values);
+    for (long h = 0; h < heads; h++) {
+        long n = keys_seen(tile->first + tile->t0 + h / tile->group, j0);
+        const float *p = tile->scores + h * tile->width + j0;
+        __m512 acc[MAX_CHUNKS];
+        for (long c = 0; c < CHUNKS; c++) acc[c] = _mm512_loadu_ps(tile->acc + h * d + c * 16);
+        for (long j = 0; j < n; j++) {
+            __m512 weight = _mm512_set1_ps(p[j]);
+            for (long c = 0; c < CHUNKS; c++)
+                acc[c] = _mm512_fmadd_ps(weight, values[j][c], acc[c]);
+        }
+        for (long c = 0; c < CHUNKS; c++) _mm512_storeu_ps(tile->acc + h * d + c * 16, acc[c]);
+    }
+}
+
+/* The tiles of one request's queries for a run of kv heads, one tile per kv head: each pass
+ * stages STAGE_KEYS keys' rows of the run at a time, then takes them block by block, every kv
+ * head of the run in each block. */
+static inline __attribute__((always_inline)) void attend_tiles(const Attention *a, Tile *tiles,
+                                                               long num, void *stage,
+                                                               const long CHUNKS) {
+    long heads = (tiles[0].t1 - tiles[0].t0) * tiles[0].group, d = a->head_dim;
+    __m512 top[MAX_KV_RUN][MAX_HEADS];
+    for (long i = 0; i < num; i++) {
+        for (long h = 0; h < heads; h++) top[i][h] = _mm512_set1_ps(-INFINITY);
+        for (long x = 0; x < heads * CHUNKS * 16; x++) tiles[i].acc[x] = 0.0f;
+    }
+    long last_pos = tiles[0].last_pos, kv0 = tiles[0].kv_head, stride = num * d;
+    for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
+        long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
+        stage_rows(a, tiles[0].table, a->k_cache, g0, n, kv0, num, stage);
+        for (long j0 = g0; j0 < g0 + n; j0 += 16)
+            for (long i = 0; i < num; i++)
+                score_block(a, &tiles[i], j0, at(a, stage, (j0 - g0) * stride + i * d), stride,
+                            top[i], CHUNKS);
+    }
+    float inv_sum[MAX_KV_RUN][MAX_HEADS];
+    for (long i = 0; i < num; i++)
+        for (long h = 0; h < heads; h++)
+            inv_sum[i][h] = normalise(tiles[i].scores + h * tiles[i].width,
+                                      tiles[i].first + tiles[i].t0 + h / tiles[i].group,
+                                      _mm512_reduce_max_ps(top[i][h]));
+    for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
+        long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
+        stage_rows(a, tiles[0].table, a->v_cache, g0, n, kv0, num, stage);
+        for (long j0 = g0; j0 < g0 + n; j0 += 16)
+            for (long i = 0; i < num; i++)
+                weigh_block(a, &tiles[i], j0, at(a, stage, (j0 - g0) * stride + i * d), stride,
+                            CHUNKS);
+    }
+    for (long i = 0; i < num; i++) {
+        const Tile *tile = &tiles[i];
         for (long h = 0; h < heads; h++) {
-            long n = keys_seen(tile->first + tile->t0 + h / tile->group, j0);
-            const float *p = tile->scores + h * tile->width + j0;
-            __m512 acc[MAX_CHUNKS];
-            for (long c = 0; c < CHUNKS; c++) acc[c] = _mm512_loadu_ps(tile->acc + h * d + c * 16);
-            for (long j = 0; j < n; j++) {
-                __m512 weight = _mm512_set1_ps(p[j]);
-                for (long c = 0; c < CHUNKS; c++)
-                    acc[c] = _mm512_fmadd_ps(weight, values[j][c], acc[c]);
-            }
-            for (long c = 0; c < CHUNKS; c++) _mm512_storeu_ps(tile->acc + h * d + c * 16, acc[c]);
+            long t = tile->t0 + h / tile->group;
+            long head = tile->kv_head * tile->group + h % tile->group;
+            void *out_row = (void *)at(a, a->out, (t * a->num_heads + head) * d);
+            const float *acc = tile->acc + h * CHUNKS * 16;
+            __m512 inv = _mm512_set1_ps(inv_sum[i][h]);
+            for (long c = 0; c < CHUNKS; c++)
+                store16(out_row, c * 16, d, _mm512_mul_ps(_mm512_loadu_ps(acc + c * 16), inv),
+                        a->bf16);
         }
     }
 }
 
-static inline __attribute__((always_inline)) void attend_tile(const Attention *a, Tile *tile,
-                                                              const long CHUNKS) {
-    float max_score[MAX_HEADS], inv_sum[MAX_HEADS];
-    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
-    score(a, tile, max_score, CHUNKS);
-    for (long h = 0; h < heads; h++)
-        inv_sum[h] = normalise(tile->scores + h * tile->width,
-                               tile->first + tile->t0 + h / tile->group, max_score[h]);
-    weigh(a, tile, CHUNKS);
-    for (long h = 0; h < heads; h++) {
-        long t = tile->t0 + h / tile->group, head = tile->kv_head * tile->group + h % tile->group;
-        void *out_row = (void *)at(a, a->out, (t * a->num_heads + head) * d);
-        const float *acc = tile->acc + h * CHUNKS * 16;
-        __m512 inv = _mm512_set1_ps(inv_sum[h]);
-        for (long c = 0; c < CHUNKS; c++)
-            store16(out_row, c * 16, d, _mm512_mul_ps(_mm512_loadu_ps(acc + c * 16), inv),
-                    a->bf16);
-    }
-}
-
 /* CHUNKS as a constant, so that a query head's chunks live in registers */
-static void attend(const Attention *a, Tile *tile) {
+static void attend(const Attention *a, Tile *tiles, long num, void *stage) {
     switch ((a->head_dim + 15) / 16) {
-    case 1: attend_tile(a, tile, 1); break;
-    case 2: attend_tile(a, tile, 2); break;
-    case 3: attend_tile(a, tile, 3); break;
-    case 4: attend_tile(a, tile, 4); break;
-    case 5: attend_tile(a, tile, 5); break;
-    case 6: attend_tile(a, tile, 6); break;
-    case 7: attend_tile(a, tile, 7); break;
-    default: attend_tile(a, tile, 8); break;
+    case 1: attend_tiles(a, tiles, num, stage, 1); break;
+    case 2: attend_tiles(a, tiles, num, stage, 2); break;
+    case 3: attend_tiles(a, tiles, num, stage, 3); break;
+    case 4: attend_tiles(a, tiles, num, stage, 4); break;
+    case 5: attend_tiles(a, tiles, num, stage, 5); break;
+    case 6: attend_tiles(a, tiles, num, stage, 6); break;
+    case 7: attend_tiles(a, tiles, num, stage, 7); break;
+    default: attend_tiles(a, tiles, num, stage, 8); break;
     }
 }
 
@@ -203,7 +259,13 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
                    max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale, bf16};
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
     long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
-    long width = longest + 16, per_thread = TILE * group * (width + 16 * MAX_CHUNKS);
+    /* a run of kv heads per work item while there are tiles enough to keep every thread busy;
+     * else one, so that a lone request's kv heads still share the threads */
+    long run = num_tiles >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
+    run = run < MAX_KV_RUN ? run : MAX_KV_RUN;
+    long runs = (num_kv_heads + run - 1) / run;
+    long width = longest + 16, per_tile = TILE * group * (width + 16 * MAX_CHUNKS);
+    long per_thread = per_tile * run + STAGE_KEYS * run * 16 * MAX_CHUNKS;
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
     if (!tiles || !scratch) {
         free(tiles);
@@ -212,17 +274,24 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     }
     /* a query's bits depend on its own inputs only, so how tiles are shared out is free */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long item = 0; item < num_tiles * num_kv_heads; item++) {
-        long i = item / num_kv_heads, s = tiles[2 * i];
+    for (long item = 0; item < num_tiles * runs; item++) {
+        long i = item / runs, s = tiles[2 * i], kv0 = item % runs * run;
         long q_len = cu_seqlens_q[s + 1] - cu_seqlens_q[s];
+        long num = kv0 + run <= num_kv_heads ? run : num_kv_heads - kv0;
         float *mine = scratch + per_thread * omp_get_thread_num();
-        Tile tile = {.t0 = tiles[2 * i + 1], .kv_head = item % num_kv_heads, .group = group,
-                     .table = block_tables + s * max_blocks, .scores = mine,
-                     .acc = mine + TILE * group * width, .width = width};
-        tile.t1 = tile.t0 + TILE < cu_seqlens_q[s + 1] ? tile.t0 + TILE : cu_seqlens_q[s + 1];
-        tile.first = seq_lens[s] - q_len - cu_seqlens_q[s];
-        tile.last_pos = tile.first + tile.t1 - 1;
-        attend(&a, &tile);
+        Tile run_tiles[MAX_KV_RUN];
+        for (long k = 0; k < num; k++) {
+            Tile *tile = &run_tiles[k];
+            *tile = (Tile){.t0 = tiles[2 * i + 1], .kv_head = kv0 + k, .group = group,
+                           .table = block_tables + s * max_blocks,
+                           .scores = mine + per_tile * k,
+                           .acc = mine + per_tile * k + TILE * group * width, .width = width};
+            tile->t1 = tile->t0 + TILE < cu_seqlens_q[s + 1] ? tile->t0 + TILE
+                                                             : cu_seqlens_q[s + 1];
+            tile->first = seq_lens[s] - q_len - cu_seqlens_q[s];
+            tile->last_pos = tile->first + tile->t1 - 1;
+        }
+        attend(&a, run_tiles, num, mine + per_tile * run);
     }
     free(tiles);
     free(scratch);

@@ -68,9 +68,12 @@ def test_a_prefill_query_has_the_bits_of_a_decode_at_its_position(dtype):
         assert torch.equal(alone[0], together[i]), i
 
 
-def test_a_query_ignores_the_batch_beside_it(dtype):
-    case = AttentionCase(4, 2, 64, 8, q_lens=(1, 3, 12, 1), context_lens=(20, 9, 0, 50),
-                         dtype=dtype)
+# alone, a request's kv heads go to the threads one by one; in a batch of four or more tiles,
+# each work item takes a run of them (at most 8: the 10 kv heads go in a run of 8 and one of 2)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (10, 10, 16)])
+def test_a_query_ignores_the_batch_beside_it(dtype, num_heads, num_kv_heads, head_dim):
+    case = AttentionCase(num_heads, num_kv_heads, head_dim, 8, q_lens=(1, 3, 12, 1),
+                         context_lens=(20, 9, 0, 150), dtype=dtype)
     batch = paged_batch(case, seed=3)
     together = paged_attention_cpu(*batch.args(0.125))
     cu = batch.cu_seqlens_q.tolist()
