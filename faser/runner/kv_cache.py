@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from faser_kernels import huge_pages
+
 
 def kv_bytes_per_slot(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     return 2 * num_layers * num_kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
@@ -21,9 +23,11 @@ def allocate_kv_cache(
     """One (key, value) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
 
     Zero-filled: a slot read before it is written must not hold NaNs that a masked softmax would
-    still multiply by zero (0 * NaN is NaN)."""
+    still multiply by zero (0 * NaN is NaN). On CPU in huge pages where the OS gives them
+    (faser_kernels.huge_pages): attention reads each request's blocks from anywhere in the cache."""
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    def zeros() -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype, device=device)
-
-    return [(zeros(), zeros()) for _ in range(num_layers)]
+    if device == "cpu":
+        caches = huge_pages.zeros(shape, dtype, 2 * num_layers)
+    else:
+        caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)]
+    return list(zip(caches[0::2], caches[1::2], strict=True))
