@@ -13,7 +13,8 @@
  * side, eight independent FMA chains). As in cpu_attention.c, the work goes in tiles of up to TILE
  * queries of one request with the query heads of one kv head, which share each block of keys (and
  * of values) while it is in the cache; each query head still takes its keys in order, so the
- * tiling changes no bit.
+ * tiling changes no bit. Each pass copies STAGE_KEYS rows at a time into a stage and reads them
+ * from there, as cpu_attention.c does.
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
@@ -82,7 +83,26 @@ typedef struct {
     const int32_t *table;
     float *scores; /* [query heads, width] */
     float *acc;    /* [query heads, head_dim] */
+    float *stage;  /* [STAGE_KEYS, head_dim]: rows copied from the cache */
 } Tile;
+
+#define STAGE_KEYS 64 /* keys copied to the stage at a time, a multiple of LANES */
+
+/* The rows of positions j0 .. min(j0 + STAGE_KEYS, last + 1) of the tile's kv head, copied into
+ * its stage when j0 starts a stage's worth (a tight loop of copies that the hardware prefetchers
+ * keep ahead of, where reading the cache between the passes' arithmetic stalled on memory at
+ * every block); row j0 + j's place in the stage. */
+static inline const float *staged(const Attention *a, const Tile *tile, const float *cache,
+                                  long j0, long last) {
+    long d = a->head_dim, at = j0 % STAGE_KEYS;
+    if (at == 0)
+        for (long j = 0; j < STAGE_KEYS && j0 + j <= last; j++) {
+            const float *row = cached(a, cache, tile->table, j0 + j, tile->kv_head);
+            for (long i = 0; i < d; i += LANES)
+                _mm256_storeu_ps(tile->stage + j * d + i, _mm256_loadu_ps(row + i));
+        }
+    return tile->stage + at * d;
+}
 
 /* Keys of positions at most pos that the block from j0 holds: 0 when none. */
 static inline long keys_seen(long pos, long j0) {
@@ -106,10 +126,9 @@ static void score(const Attention *a, const Tile *tile, long heads, float *max_s
     for (long h = 0; h < heads; h++) top[h] = _mm256_set1_ps(-INFINITY);
     static const float zeros[MAX_HEAD_DIM];
     for (long j0 = 0; j0 <= last; j0 += LANES) {
-        const float *keys[LANES], *mine[LANES];
+        const float *keys[LANES], *mine[LANES], *rows = staged(a, tile, a->k_cache, j0, last);
         for (long j = 0; j < LANES; j++)
-            keys[j] = j < keys_seen(last, j0)
-                          ? cached(a, a->k_cache, tile->table, j0 + j, tile->kv_head) : zeros;
+            keys[j] = j < keys_seen(last, j0) ? rows + j * a->head_dim : zeros;
         for (long h = 0; h < heads; h++) {
             long n = keys_seen(position(tile, h), j0);
             if (!n) continue;
@@ -172,9 +191,8 @@ static void weigh(const Attention *a, const Tile *tile, long heads) {
     long d = a->head_dim, chunks = d / LANES, last = position(tile, heads - 1);
     for (long i = 0; i < heads * d; i++) tile->acc[i] = 0.0f;
     for (long j0 = 0; j0 <= last; j0 += LANES) {
-        const float *values[LANES];
-        for (long j = 0; j < keys_seen(last, j0); j++)
-            values[j] = cached(a, a->v_cache, tile->table, j0 + j, tile->kv_head);
+        const float *values[LANES], *rows = staged(a, tile, a->v_cache, j0, last);
+        for (long j = 0; j < keys_seen(last, j0); j++) values[j] = rows + j * d;
         for (long h = 0; h < heads; h++) {
             long n = keys_seen(position(tile, h), j0);
             const float *p = tile->scores + h * tile->width + j0;
@@ -221,7 +239,8 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
     if (group > MAX_GROUP) return -1;
     long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
-    long width = (longest + LANES) / LANES * LANES, per_thread = TILE * group * (width + head_dim);
+    long width = (longest + LANES) / LANES * LANES;
+    long per_thread = TILE * group * (width + head_dim) + STAGE_KEYS * head_dim;
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
     if (!tiles || !scratch) {
         free(tiles);
@@ -235,7 +254,8 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
         float *mine = scratch + per_thread * omp_get_thread_num();
         Tile tile = {.t0 = tiles[2 * i + 1], .kv_head = item % num_kv_heads, .group = group,
                      .width = width, .table = block_tables + s * max_blocks, .scores = mine,
-                     .acc = mine + TILE * group * width};
+                     .acc = mine + TILE * group * width,
+                     .stage = mine + TILE * group * (width + head_dim)};
         tile.t1 = tile.t0 + TILE < cu_seqlens_q[s + 1] ? tile.t0 + TILE : cu_seqlens_q[s + 1];
         tile.first = seq_lens[s] - (cu_seqlens_q[s + 1] - cu_seqlens_q[s]) - cu_seqlens_q[s];
         attend(&a, &tile);
