@@ -47,15 +47,27 @@ def _wait_until_ready(server: subprocess.Popen) -> None:
 
 def _stop(server: subprocess.Popen, log: Path) -> int:
     """Ctrl-C, as a user stops it. If it does not exit by itself, the whole process group is
-    killed and the test fails with the end of its log, which says where the exit hung."""
+    killed and the test fails with the end of its log and the Python stacks of `serve run`,
+    which say where the exit hung (once it hung with nothing logged after Ctrl-C)."""
     server.send_signal(signal.SIGINT)
     try:
         return server.wait(timeout=STOP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
+        stacks = _stacks(server.pid)
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
         pytest.fail(f"`serve run` did not exit within {STOP_TIMEOUT_S} s of Ctrl-C; its log "
-                    f"ends:\n{log.read_text()[-3000:]}")
+                    f"ends:\n{log.read_text()[-3000:]}\nits stacks:\n{stacks}")
+
+
+def _stacks(pid: int) -> str:
+    """Every thread's Python stack in process `pid`, by py-spy (installed with Ray)."""
+    try:
+        dump = subprocess.run([str(BIN / "py-spy"), "dump", "--pid", str(pid)],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy could not read them: {exc})"
+    return dump.stdout + dump.stderr
 
 
 @pytest.mark.ray
