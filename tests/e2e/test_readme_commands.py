@@ -31,6 +31,13 @@ def _user_env() -> dict[str, str]:
     return env
 
 
+def _as_a_shell_starts_it() -> None:
+    """Ctrl-C reaches what a user's shell starts in the foreground. A suite run in a script's
+    background ignores SIGINT (POSIX shells start background jobs so), the server inherits
+    that, Python then raises no KeyboardInterrupt, and `serve run` never stops."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_until_ready(server: subprocess.Popen) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -78,7 +85,7 @@ def test_serve_run_answers_the_openai_client_and_exits_on_ctrl_c(tmp_path):
     log = log_path.open("w")
     server = subprocess.Popen(
         ["serve", "run", "deployments:app"], cwd=REPO, env=_user_env(), stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
+        stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_as_a_shell_starts_it,
     )
     try:
         _wait_until_ready(server)
