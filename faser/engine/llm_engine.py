@@ -66,8 +66,8 @@ class LLMEngine:
             draft = ModelRunner(
                 self.pair.draft, num_blocks, config.block_size, config.device, options
             )
-            if draft.reads_features:  # every target forward also hands the draft its features
-                self.target.feature_layers = self.pair.draft.feature_layers
+            if draft.reads_features:  # target forwards write the features the draft reads
+                draft.read_features(self.target.keep_features(self.pair.draft.feature_layers))
         self.scheduler = Scheduler(config, self.blocks)
         self.draft = draft
         self.cluster_load = 0.0  # the router's signal (set_cluster_load)
@@ -96,6 +96,8 @@ class LLMEngine:
             kv_bytes_per_slot(len(m.layers), m.num_kv_heads, m.head_dim, dtype)
             for m in (self.pair.target, self.pair.draft) if m is not None
         )
+        if getattr(self.pair.draft, "reads_features", False):  # the feature cache's row
+            per_slot += self.pair.draft.feature_dim * dtype.itemsize
         slots = int(self.config.kv_cache_memory_gb * 2**30 / per_slot)
         return max(4, slots // self.config.block_size)
 

@@ -105,8 +105,6 @@ class Scheduler:
         seq.mark_target_cached(len(shared.blocks) * size)
         seq.mark_draft_cached(shared.num_draft_ready * size)
         seq.num_draft_marked = shared.num_draft_ready
-        if shared.feature is not None:  # the feature the draft reads first
-            seq.features.write(seq.num_draft_cached - 1, shared.feature[None])
         seq.num_cached_prompt_tokens = max(seq.num_cached_prompt_tokens,
                                            min(seq.num_cached, len(seq.prompt_token_ids)))
         return True
@@ -122,7 +120,7 @@ class Scheduler:
             return
         seq.num_draft_marked = self.blocks.register(
             seq.block_table, seq.token_ids, seq.prefix_digests, seq.num_cached,
-            seq.num_draft_cached, seq.num_draft_marked, seq.features.row)
+            seq.num_draft_cached, seq.num_draft_marked)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

@@ -11,7 +11,6 @@ import torch
 from faser.engine.detokenizer import IncrementalText
 from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
-from faser.spec_decode.features import TargetFeatures
 from faser.spec_decode.lookup import PromptLookup
 from faser.spec_decode.state import SpecState
 
@@ -40,7 +39,6 @@ class Sequence:
     prefix_digests: list[bytes] = field(default_factory=list)
     num_draft_marked: int = 0
     num_cached_prompt_tokens: int = 0
-    features: TargetFeatures = field(default_factory=TargetFeatures)  # for a feature draft
     lookup: PromptLookup = field(default_factory=PromptLookup)  # for prompt lookup
     stats: SpecStats = field(default_factory=SpecStats)
     # asked-for logprobs: the verifier appends one per token it commits (the engine drops those

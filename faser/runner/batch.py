@@ -4,7 +4,9 @@ Each request contributes a chunk: consecutive tokens starting at some position (
 single decode token, or the last token plus k draft tokens to verify). Chunks are concatenated into
 one [num_tokens] batch; `cu_seqlens_q` marks the boundaries and `slot_mapping` the cache slot each
 token writes, so requests with different k share the pass with no padding. A draft that reads the
-target's features (faser.models.feature_draft) also gets one feature row per token."""
+target's features (faser.models.feature_draft) also gets one feature row per token: the chunk's
+own, or the target's row of the position before it from the feature cache, which is indexed by
+the same slots as the KV cache."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ class Chunk:
     block_table: list[int]
     num_logits: int  # logits wanted for the chunk's last num_logits tokens (0 .. len)
     # [len(token_ids), hidden]: the feature each token reads (feature drafts only; None reads
-    # zeros, as the cost profile's timing runs do)
+    # the target's feature cache)
     features: torch.Tensor | None = field(default=None, compare=False)
 
 
@@ -40,12 +42,16 @@ def build_batch(
     chunks: list[Chunk],
     block_size: int,
     device: str,
-    feature_dim: int | None = None,
+    feature_cache: torch.Tensor | None = None,  # a feature draft's: the target's rows by slot
     plan_gather: bool = True,  # the PyTorch twin's attention plan (the kernels need none)
 ) -> FlatBatch:
+    """The flat batch. With `feature_cache`, chunks without features of their own (all of the
+    batch's, or none) read, for the token at position p, the row of p - 1's slot (the cache's
+    last, zero row for p = 0)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
+    reads: list[int] = []  # the feature cache's rows the chunks without features read
     logit_indices: list[int] = []
     cu_seqlens = [0]
     seq_lens = []
@@ -56,6 +62,10 @@ def build_batch(
         positions += pos
         table = chunk.block_table
         slots += [table[p // block_size] * block_size + p % block_size for p in pos]
+        if feature_cache is not None and chunk.features is None:
+            p = chunk.start_pos - 1
+            first = table[p // block_size] * block_size + p % block_size if p >= 0 else -1
+            reads += [first] + slots[len(slots) - n : -1]
         end = cu_seqlens[-1] + n
         logit_indices += range(end - chunk.num_logits, end)
         cu_seqlens.append(end)
@@ -73,16 +83,12 @@ def build_batch(
     if plan_gather:
         gather = plan_kv_gather(block_tables, seq_lens_t, cu_seqlens_q, block_size)
     meta = AttentionMetadata(tensor(slots), block_tables, seq_lens_t, cu_seqlens_q, gather)
-    features = None if feature_dim is None else _features(chunks, feature_dim, device)
+    features = None
+    own = [c.features is not None for c in chunks]
+    if any(own):
+        if not all(own):
+            raise ValueError("a feature draft's batch mixes chunks with and without features")
+        features = torch.cat([c.features.to(device=device, dtype=torch.float32) for c in chunks])
+    elif reads:
+        features = feature_cache[tensor(reads)]  # -1, as an index, is the cache's zero row
     return FlatBatch(tensor(input_ids), tensor(positions), meta, tensor(logit_indices), features)
-
-
-def _features(chunks: list[Chunk], dim: int, device: str) -> torch.Tensor:
-    # a feature draft reads the target's features (dim) or, drafting on, its own guesses
-    dim = next((c.features.shape[1] for c in chunks if c.features is not None), dim)
-    rows = [
-        c.features.to(device=device, dtype=torch.float32) if c.features is not None
-        else torch.zeros(len(c.token_ids), dim, device=device)
-        for c in chunks
-    ]
-    return torch.cat(rows)

@@ -12,16 +12,16 @@ however its prompt was chunked, so a shared block holds exactly what the request
 computed (elsewhere it differs as a chunked prefill does). A registered block is shared
 by reference count; once nobody holds it, it stays cached, and free blocks are handed out before
 the least recently released cached ones are evicted. The draft's half of a shared block is
-trusted only once the request that registered it had fed the draft up to the block's end; a block
-also keeps what a feature draft reads at its last position (the target's hidden state there), as
-the request that shares it drafts on from there without the target computing it again."""
+trusted only once the request that registered it had fed the draft up to the block's end. A feature
+draft's inputs, the target's features, live in the blocks' slots of the feature cache, so they are
+shared with the KV."""
 
 from __future__ import annotations
 
 import hashlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 ROOT_DIGEST = b""
@@ -36,7 +36,6 @@ def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
 class SharedPrefix(NamedTuple):
     blocks: list[int]  # the registered blocks the request now holds too
     num_draft_ready: int  # how many of them lead with their draft half filled
-    feature: object | None  # what the last of those keeps for a feature draft, if anything
 
 
 class BlockManager:
@@ -51,7 +50,6 @@ class BlockManager:
         self._by_digest: dict[bytes, int] = {}
         self._digest_of: dict[int, bytes] = {}
         self._draft_ready: set[int] = set()  # registered blocks whose draft half is filled
-        self._features: dict[int, object] = {}  # registered block -> its last position's feature
 
     @property
     def num_free_blocks(self) -> int:
@@ -113,17 +111,15 @@ class BlockManager:
             parent = digest
         num_ready = next((n for n, b in enumerate(blocks) if b not in self._draft_ready),
                          len(blocks))
-        feature = self._features.get(blocks[num_ready - 1]) if num_ready else None
-        return SharedPrefix(blocks, num_ready, feature)
+        return SharedPrefix(blocks, num_ready)
 
     def register(
         self, block_table: list[int], token_ids: Sequence[int], digests: list[bytes],
         num_positions: int, num_draft_positions: int, num_draft_marked: int,
-        feature_at: Callable[[int], object | None] = lambda pos: None,
     ) -> int:
         """Registers the table's full blocks within the first `num_positions` positions (those the
-        target holds for `token_ids`) past the `len(digests)` already keyed, appending their keys
-        and keeping `feature_at` their last positions; marks those past the first
+        target holds for `token_ids`) past the `len(digests)` already keyed, appending their
+        keys; marks those past the first
         `num_draft_marked` and within `num_draft_positions` as holding the draft's half too, and
         returns how many are marked. A block whose key another block already holds stays the
         table's own."""
@@ -136,8 +132,6 @@ class BlockManager:
             if digest not in self._by_digest and block not in self._digest_of:
                 self._by_digest[digest] = block
                 self._digest_of[block] = digest
-                if (feature := feature_at((n + 1) * size - 1)) is not None:
-                    self._features[block] = feature
         marked = max(num_draft_marked, min(len(digests), num_draft_positions // size))
         for n in range(num_draft_marked, marked):
             block = block_table[n]
@@ -156,7 +150,6 @@ class BlockManager:
         block, _ = self._cached.popitem(last=False)
         del self._by_digest[self._digest_of.pop(block)]
         self._draft_ready.discard(block)
-        self._features.pop(block, None)
         return block
 
     def _release(self, block: int) -> None:

@@ -1,4 +1,4 @@
-"""The paged KV cache tensors of one model."""
+"""The paged KV cache tensors of one model, and the feature cache a feature draft reads."""
 
 from __future__ import annotations
 
@@ -31,3 +31,16 @@ def allocate_kv_cache(
     else:
         caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(2 * num_layers)]
     return list(zip(caches[0::2], caches[1::2], strict=True))
+
+
+def allocate_feature_cache(
+    num_blocks: int, block_size: int, dim: int, dtype: torch.dtype, device: str
+) -> torch.Tensor:
+    """[num_blocks * block_size + 1, dim]: the target's feature row of each KV slot, indexed by
+    the same slot mapping, so a request's features live in its blocks and need no bookkeeping
+    of their own. The last row stays zero: what a position with nothing before it reads.
+    Zero-filled, as the KV cache is: a slot read before it is written holds no NaN."""
+    shape = (num_blocks * block_size + 1, dim)
+    if device == "cpu":
+        return huge_pages.zeros(shape, dtype, 1)[0]
+    return torch.zeros(shape, dtype=dtype, device=device)

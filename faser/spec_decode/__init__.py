@@ -3,7 +3,7 @@
 Each mechanism in one sentence, by the module that owns it:
 
 - `speculator`: one step over the scheduled batch, plan -> propose -> trim -> verify -> observe;
-  a step in which nobody drafts runs as policy `off` does, keeping only the target's features.
+  a step in which nobody drafts runs as policy `off` does, the target writing its features.
 - `proposer`: the draft proposes k_i tokens per request over a ragged batch, stopping a greedy
   line once its cumulative confidence falls below a threshold.
 - `lookup`: prompt lookup guesses a greedy request's next token from an earlier occurrence of its
@@ -22,7 +22,6 @@ Each mechanism in one sentence, by the module that owns it:
 - `controller`: the mode (`off`, `overlap`, `prune`) read off each plan, and the cap on k while the
   router reports the fleet busy.
 - `overlap`: on an engine with two lanes, the draft and the target run at once.
-- `features`: a feature draft's inputs, the target's hidden states, kept per request.
 - `request`, `state`: what the layer needs of a request, and what survives across its steps.
 - `trace`: one JSON line per step, predicted against realised acceptance and time.
 """

@@ -9,9 +9,10 @@ chance that the target accepts it). A seeded request's draft token is its race w
 with the noise the target's race at that position uses (faser.layers.race).
 
 A feature draft (faser.models.feature_draft) also reads, for each committed token it is fed, the
-target's hidden state before it, and for each of its own guesses its own output of the previous
-iteration. The cache rows it wrote from its own guesses are not trusted past the step: the next
-proposal feeds the accepted tokens again, with the target's features.
+target's hidden state before it (from the target's feature cache, by slot), and for each of its
+own guesses its own output of the previous iteration. The cache rows it wrote from its own guesses
+are not trusted past the step: the next proposal feeds the accepted tokens again, with the
+target's features.
 
 With prompt lookup on (faser.spec_decode.lookup), a greedy request's guess is replaced by the
 token that followed its newest tokens earlier in its context, when that is likelier to be right
@@ -81,11 +82,6 @@ class Proposer:
         # an n-gram length -> how often lookup guesses from such n-grams are (None: the prior)
         self.calibration = calibration
         self.lookup_precision = lookup_precision
-        self._zero_feature = torch.zeros(0)  # a feature draft's input where no feature is held
-        if runner.reads_features:
-            model = runner.model
-            dtype = next(model.parameters()).dtype
-            self._zero_feature = torch.zeros(model.feature_dim, dtype=dtype, device=runner.device)
 
     def propose(
         self, seqs: list[SpecRequest], max_k: list[int], stop_confidence: float | None = None
@@ -141,7 +137,6 @@ class Proposer:
         if self.runner.reads_features:
             for i, n in committed.items():  # rows from its own guesses are redone next time
                 seqs[i].mark_draft_cached(n)
-                seqs[i].features.forget_before(n - 1)
         return proposal
 
     def extend(
@@ -177,12 +172,10 @@ class Proposer:
     def _chunk(
         self, seq: SpecRequest, step: int, drafted: list[int], guess: torch.Tensor | None
     ) -> Chunk:
-        features = None
+        features = None  # a feature draft's committed tokens read the target's cache
         if step == 0:
             start = seq.num_draft_cached
             tokens = seq.token_ids[start:]
-            if self.runner.reads_features:
-                features = seq.features.read(start - 1, seq.num_tokens - 1, self._zero_feature)
         else:
             start = seq.num_tokens + step - 1
             tokens = [drafted[-1]]

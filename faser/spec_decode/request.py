@@ -12,7 +12,6 @@ import torch
 from faser.layers.sampler import History
 from faser.outputs import SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
-from faser.spec_decode.features import TargetFeatures
 from faser.spec_decode.lookup import PromptLookup
 from faser.spec_decode.state import SpecState
 
@@ -23,7 +22,6 @@ class SpecRequest(Protocol):
     spec_state: SpecState
     generator: torch.Generator
     block_table: list[int]
-    features: TargetFeatures  # the target's hidden states, kept for a feature draft
     lookup: PromptLookup  # its committed tokens' n-grams, for prompt lookup
     stats: SpecStats
     arrival_time: float  # time.perf_counter(), as the SLO clock reads

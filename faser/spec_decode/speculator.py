@@ -3,8 +3,9 @@
 - Each request follows its own policy (its override, else the engine's); every policy in the batch
   plans its own requests over the shared acceptance estimator and cost model.
 - A step in which nobody drafts runs as policy `off` does: no draft forward and, while the faser
-  controller is off, no planning; only the target's features are still kept for the draft
-  (faser.spec_decode.features).
+  controller is off, no planning; only the target still writes its features into the feature
+  cache (one copy per forward, faser.runner.model_runner), which the draft reads when it drafts
+  again.
 - A sequential step teaches the cost model its phases' times; a step whose plan is `overlap`
   runs on the engine's lanes (faser.spec_decode.overlap).
 """

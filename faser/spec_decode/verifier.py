@@ -105,13 +105,11 @@ class Verifier:
         chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
         chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
         fed = [it.seq for it in items] + [seq for seq, _ in prefills]
-        # a feature draft reads what the target computed, also in the steps its request does not
-        # draft (faser.spec_decode.features); policy `off`'s requests never draft, and a step
-        # where nobody keeps any skips computing them
-        keep = [bool(self.runner.feature_layers) and s.spec_state.policy != "off" for s in fed]
-        logits, hidden = self.runner.forward_hidden(chunks, features=any(keep))
-        if any(keep):
-            _keep_features(fed, chunks, hidden, keep)
+        # a feature draft reads what the target computed (its feature cache), also in the steps
+        # its request does not draft; policy `off`'s requests never draft, and a step of theirs
+        # alone skips computing them
+        keep = bool(self.runner.feature_layers) and any(s.spec_state.policy != "off" for s in fed)
+        logits, _ = self.runner.forward_hidden(chunks, features=keep)
         entries: list[_Entry] = []
         owners: list = []
         row = 0
@@ -234,17 +232,6 @@ def _score_prompt(seq: SpecRequest, chunk: Chunk, rows: torch.Tensor) -> None:
     scored = token_logprobs(rows[index.to(rows.device)], seq.prompt_token_ids[first:end],
                             [seq.params.prompt_logprobs] * (end - first))
     seq.prompt_logprobs.extend(scored)
-
-
-def _keep_features(
-    seqs: list[SpecRequest], chunks: list[Chunk], hidden: torch.Tensor, keep: list[bool]
-) -> None:
-    row = 0
-    for seq, chunk, kept in zip(seqs, chunks, keep, strict=True):
-        n = len(chunk.token_ids)
-        if kept:
-            seq.features.write(chunk.start_pos, hidden[row : row + n])
-        row += n
 
 
 def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:

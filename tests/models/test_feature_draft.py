@@ -40,7 +40,7 @@ def test_round_trip_gives_the_same_logits(tiny_target, tmp_path: Path, feature_l
     engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
     check_features(engine_target, engine_draft)
     target_runner = ModelRunner(engine_target, num_blocks=8, block_size=16, device="cpu")
-    target_runner.feature_layers = feature_layers
+    target_runner.keep_features(feature_layers)
     _, features = target_runner.forward_hidden([Chunk(IDS, 0, [0, 1], num_logits=1)])
     torch.testing.assert_close(features, label.features.float(), atol=2e-3, rtol=2e-3)
 
@@ -49,6 +49,31 @@ def test_round_trip_gives_the_same_logits(tiny_target, tmp_path: Path, feature_l
     before = torch.cat((torch.zeros(1, teacher.shape[1]), teacher[:-1]))
     chunk = Chunk(IDS, 0, [0, 1], num_logits=len(IDS), features=before)
     torch.testing.assert_close(draft_runner.forward([chunk]), want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_draft_reads_the_rows_the_targets_forwards_wrote(tiny_target, tmp_path: Path) -> None:
+    """The target's forwards write each token's feature row at its KV slot, whatever the block
+    table; a draft chunk without features reads, at position p, p - 1's row (zeros at p = 0),
+    across a block's edge and from an earlier forward: the bits of passing those rows itself."""
+    target, target_dir = tiny_target
+    draft = build_feature_draft(target, (1, 3), [2], torch.arange(VOCAB))
+    export_feature_draft(draft, torch.arange(VOCAB), tmp_path / "draft", {}, torch.float32)
+    engine_target = load_model(target_dir, "cpu", "float32", 64)
+    engine_draft = load_model(tmp_path / "draft", "cpu", "float32", 64, engine_target.embed_tokens)
+    target_runner = ModelRunner(engine_target, num_blocks=8, block_size=4, device="cpu")
+    draft_runner = ModelRunner(engine_draft, num_blocks=8, block_size=4, device="cpu")
+    with pytest.raises(ValueError, match="no features"):
+        draft_runner.forward([Chunk(IDS, 0, [6, 2, 5], num_logits=1)])
+    draft_runner.read_features(target_runner.keep_features((1, 3)))
+    table = [6, 2, 5]  # out of order, so that a slot is not its position
+    _, first = target_runner.forward_hidden([Chunk(IDS[:6], 0, table, num_logits=1)])
+    _, last = target_runner.forward_hidden([Chunk(IDS[6:], 6, table, num_logits=1)])
+    rows = torch.cat((torch.zeros(1, first.shape[1]), first, last[:-1]))
+    for start, end in ((0, len(IDS)), (5, 7)):  # the whole request; then from inside a block
+        span = IDS[start:end]
+        read = draft_runner.forward([Chunk(span, start, table, num_logits=len(span))])
+        given = Chunk(span, start, table, num_logits=len(span), features=rows[start:end])
+        assert torch.equal(read, draft_runner.forward([given]))
 
 
 def test_a_draft_reading_layers_the_target_lacks_is_refused(tiny_target, tmp_path: Path) -> None:

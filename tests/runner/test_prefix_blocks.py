@@ -7,14 +7,13 @@ import pytest
 from faser.runner.block_manager import BlockManager
 
 
-def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0,
-               feature_at=lambda pos: None):
+def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0):
     """A request that computed `tokens` (all of them in the target, `num_draft` in the draft)
     and registered them: its table, its keys and how many blocks hold the draft's half."""
     table: list[int] = []
     assert blocks.allocate("a", table, len(tokens))
     digests: list[bytes] = []
-    marked = blocks.register(table, tokens, digests, len(tokens), num_draft, 0, feature_at)
+    marked = blocks.register(table, tokens, digests, len(tokens), num_draft, 0)
     return table, digests, marked
 
 
@@ -24,7 +23,7 @@ def test_a_later_request_shares_the_full_blocks_its_tokens_begin_with():
     assert blocks.num_cached_blocks == 2
     digests: list[bytes] = []
     shared = blocks.share([0, 1, 2, 3, 4, 5, 6, 7, 99], digests)
-    assert shared == (table[:2], 0, None) and len(digests) == 2
+    assert shared == (table[:2], 0) and len(digests) == 2
     assert blocks.share([0, 1, 2, 3, 5, 5, 6, 7], []).blocks == [table[0]]  # differs in block 2
     assert blocks.share([1, 0, 2, 3], []).blocks == []
 
@@ -83,17 +82,3 @@ def test_a_key_held_by_another_block_stays_with_it():
     assert blocks.num_cached_blocks == 1 and blocks.num_free_blocks == 15
     assert blocks.share([5] * 4, []).blocks == kept
 
-
-def test_a_block_keeps_its_last_positions_feature_for_the_draft_that_reads_on():
-    blocks = BlockManager(16, 4, prefix_caching=True)
-    tokens = list(range(9))
-    table, _, _ = registered(blocks, tokens, num_draft=9, feature_at=lambda pos: f"h{pos}")
-    shared = blocks.share(tokens, [])
-    assert shared == (table[:2], 2, "h7")
-    blocks.free(table)
-    blocks.free(shared.blocks)
-    every: list[int] = []
-    assert blocks.allocate("b", every, 16 * 4)  # the cached blocks evicted
-    assert blocks.num_cached_blocks == 0
-    blocks.register(every, tokens, [], 9, 9, 0)  # now without a feature
-    assert blocks.share(tokens, []).feature is None
