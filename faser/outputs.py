@@ -88,7 +88,9 @@ class RequestOutput:
     token_ids: list[int]
     text: str
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort" | None while running
+    # "stop" | "length" | "abort" | "error" (the model's output for it was not finite: NaN or
+    # infinite logits) | None while running
+    finish_reason: str | None
     spec_stats: SpecStats = field(default_factory=SpecStats)
     new_token_ids: list[int] = field(default_factory=list)  # committed in the latest step
     metrics: dict[str, float] = field(default_factory=dict)  # arrival, first_token, finished times

@@ -5,7 +5,8 @@ cluster-load signal are queued as commands and applied between steps, so the eng
 lock and a request is validated (and rejected with ValueError) before its stream starts. A
 stream that is closed or cancelled before its request finishes aborts the request, which frees
 its KV blocks before the next step. A step that raises fails the requests it ran, not those
-still waiting for a place.
+still waiting for a place; a request the model gave no finite output for (finish_reason
+"error") fails alone.
 
 A request's outputs reach its stream at most once per `stream_interval_s` (its first token and
 its end at once), and less often while so many streams are open that together they would be
@@ -37,6 +38,8 @@ from faser.outputs import RequestOutput, SpecStats, TokenLogprob
 from faser.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+MODEL_OUTPUT_NOT_FINITE = "the model's output for this request was not finite (NaN or infinite)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +256,8 @@ class AsyncLLMEngine:
             if stream is None:  # aborted while the step ran
                 continue
             stream.held.append(output)
+            if output.finish_reason == "error":  # its tokens so far, then the failure
+                stream.held[-1] = RuntimeError(MODEL_OUTPUT_NOT_FINITE)
             if output.finished:
                 del self._streams[output.request_id]
                 _deliver(stream, stream.held)

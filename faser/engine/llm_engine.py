@@ -246,8 +246,8 @@ class LLMEngine:
         for seq, verdict in zip(sched.decodes, verdicts, strict=True):
             progressed.append((seq, self._append(seq, verdict.token_ids)))
         for (seq, _), token in zip(sched.prefills, prefill_tokens, strict=True):
-            if token is not None:
-                progressed.append((seq, self._append(seq, [token])))
+            if token is not None or seq.finish_reason is not None:  # completed, or failed
+                progressed.append((seq, self._append(seq, [] if token is None else [token])))
             else:
                 self.scheduler.cache_prefix(seq)
         # taken before any output is built: a step that raises on one never repeats an abort
@@ -258,7 +258,7 @@ class LLMEngine:
     def _append(self, seq: Sequence, token_ids: list[int]) -> list[int]:
         new = append_tokens(seq, token_ids, self.pair.eos_token_ids, self.tokenizer)
         del seq.logprobs[len(seq.output_token_ids):]  # those past a stop were never output
-        if seq.first_token_time is None:
+        if seq.first_token_time is None and new:  # a request that failed at its prefill has none
             seq.first_token_time = time.perf_counter()
         seq.roll_back_caches()
         self.blocks.truncate(seq.block_table, seq.num_tokens)

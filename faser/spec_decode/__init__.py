@@ -9,7 +9,8 @@ Each mechanism in one sentence, by the module that owns it:
 - `lookup`: prompt lookup guesses a greedy request's next token from an earlier occurrence of its
   newest tokens, and takes the draft's place where it is likelier to be right.
 - `verifier`: the target verifies the drafts in frontiers, and a request with a rejection gets no
-  more target compute in the step (early pruning).
+  more target compute in the step (early pruning); a request whose rows are not finite ends
+  with an error, alone.
 - `estimator`: one acceptance estimate per request (its decayed trials with the population's rate
   as prior, blended after drafting with the draft's calibrated confidence).
 - `cost_model`: a step's price from the profiled forwards, each phase scaled by what served steps

@@ -30,6 +30,7 @@ class SpecRequest(Protocol):
     output_token_ids: list[int]
     logprobs: list[TokenLogprob]  # the committed tokens', when the request asks for them
     prompt_logprobs: list[TokenLogprob | None]
+    finish_reason: str | None  # the verifier sets "error" where the model's rows are not finite
 
     @property
     def num_cached(self) -> int: ...  # positions in the target's KV cache

@@ -7,7 +7,10 @@ request with a rejection is done for the step: its later positions are never com
 pruning). With one frontier (f > max k) this is classic draft-then-verify, and with k_i = 0 it is
 plain decoding. Prefill chunks ride along in frontier 0 and sample when they complete a prompt.
 A seeded request's rows become race scores (faser.layers.race) and are judged by the greedy rule:
-its tokens are its races' winners, whatever was drafted."""
+its tokens are its races' winners, whatever was drafted.
+
+A request whose rows are not finite (the model's own NaN or overflow, which no sampler can draw
+from) ends with finish_reason "error" and commits nothing more; the others in the forward go on."""
 
 from __future__ import annotations
 
@@ -110,17 +113,23 @@ class Verifier:
         # alone skips computing them
         keep = bool(self.runner.feature_layers) and any(s.spec_state.policy != "off" for s in fed)
         logits, _ = self.runner.forward_hidden(chunks, features=keep)
+        broken = _broken_rows(logits)
         entries: list[_Entry] = []
         owners: list = []
         row = 0
         for it in items:
             entry = _decode_entry(it, logits[row : row + it.size])
-            row += len(entry.checked) + int(entry.final)
+            start, row = row, row + len(entry.checked) + int(entry.final)
+            if broken and _fails(it.seq, broken, start, row):
+                it.verdict.done = True
+                continue
             entries.append(entry)
             owners.append(it.verdict)
         for p, ((seq, _), chunk) in enumerate(zip(prefills, chunks[len(items):], strict=True)):
             rows = logits[row : row + chunk.num_logits]
             row += chunk.num_logits
+            if broken and _fails(seq, broken, row - chunk.num_logits, row):
+                continue
             if chunk.num_logits == len(chunk.token_ids) and seq.params.prompt_logprobs is not None:
                 _score_prompt(seq, chunk, rows)
             if seq.num_cached == seq.num_tokens:
@@ -232,6 +241,24 @@ def _score_prompt(seq: SpecRequest, chunk: Chunk, rows: torch.Tensor) -> None:
     scored = token_logprobs(rows[index.to(rows.device)], seq.prompt_token_ids[first:end],
                             [seq.params.prompt_logprobs] * (end - first))
     seq.prompt_logprobs.extend(scored)
+
+
+def _broken_rows(logits: torch.Tensor) -> set[int]:
+    """The rows whose logits are not finite. Each logit sums over the whole final hidden state,
+    so a NaN or an infinity the model made reaches all of its row, and one column shows it."""
+    bad = ~torch.isfinite(logits[:, 0])
+    if not bool(bad.any()):  # one read of a flag, not of the rows
+        return set()
+    return set(torch.nonzero(bad).flatten().tolist())
+
+
+def _fails(seq: SpecRequest, broken: set[int], start: int, end: int) -> bool:
+    """Whether one of the request's rows start..end-1 is broken; ends the request if so (its
+    cache then holds the NaN too, so no later step of it could do better)."""
+    if broken.isdisjoint(range(start, end)):
+        return False
+    seq.finish_reason = "error"
+    return True
 
 
 def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -51,3 +51,15 @@ def make_noisy_copy(target: Path, path: Path, noise: float, seed: int = 1) -> Pa
             p.add_(torch.randn(p.shape, generator=gen) * noise * p.std())
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def poison_token(path: Path, token: int) -> Path:
+    """The checkpoint with token `token`'s embedding NaN: the model's output for any request that
+    feeds it is NaN, as a model's own overflow would make it, and finite for the others."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[token] = float("nan")
+    model.save_pretrained(path, safe_serialization=True)
+    return path

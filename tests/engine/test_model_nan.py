@@ -1,0 +1,101 @@
+"""A request the model gives a NaN for (its prompt, or its own greedy output, feeds a token whose
+embedding is NaN) fails alone with finish_reason "error", under every policy and whatever its
+sampling; the other requests of its steps keep their exact output, and no KV block leaks."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from faser import LLM, SamplingParams, SpecConfig
+from faser.config import EngineConfig
+from faser.engine.async_engine import MODEL_OUTPUT_NOT_FINITE, AsyncLLMEngine
+from faser.engine.llm_engine import LLMEngine
+from tests.engine.tiny import make_checkpoint, make_noisy_copy, poison_token
+from tests.spec_decode.spec_profiles import roofline
+
+HEALTHY = [[5, 6, 7], [40, 41, 42, 43]]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+SAMPLED = SamplingParams(max_tokens=12, temperature=1.0, ignore_eos=True)  # no seed
+SEEDED = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
+
+
+class Poisoned(NamedTuple):
+    target: Path
+    draft: Path
+    token: int  # whose embedding is NaN
+    reaching: list[int]  # a prompt without it whose greedy output reaches it
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory) -> Poisoned:
+    """The poisoned token: one that a prompt's greedy output feeds (not its last token) and that
+    neither the healthy prompts nor their outputs hold."""
+    root = tmp_path_factory.mktemp("nan")
+    target = make_checkpoint(root / "target", "mha_untied")  # its head keeps no NaN row
+    draft = make_noisy_copy(target, root / "draft", noise=0.3)  # made before the poison
+    clean = LLM(str(target), num_kv_blocks=64, block_size=4, dtype="float32")
+    healthy = {t for p, o in zip(HEALTHY, clean.generate(HEALTHY, GREEDY), strict=True)
+               for t in p + o.token_ids}
+    for first in range(60, 97):
+        prompt = [first, first - 30, 3]
+        reached = clean.generate([prompt], GREEDY)[0].token_ids[:-1]
+        token = next((t for t in reached if t not in healthy and t not in prompt), None)
+        if token is not None:
+            return Poisoned(poison_token(target, token), draft, token, prompt)
+    raise AssertionError("no prompt's greedy output reaches a token to poison")
+
+
+def engine(pair: Poisoned, policy: str) -> LLM:
+    llm = LLM(str(pair.target), draft_model=str(pair.draft), spec=SpecConfig(policy=policy),
+              num_kv_blocks=64, block_size=4, dtype="float32")
+    llm.engine.speculator.use_cost_profile(roofline())  # so that faser speculates on tiny models
+    return llm
+
+
+@pytest.mark.parametrize("policy", ["off", "fixed:2", "faser"])
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED, SEEDED], ids=["greedy", "sampled", "seeded"])
+def test_a_request_with_a_nan_fails_alone(pair, policy, params):
+    llm = engine(pair, policy)
+    alone = [o.token_ids for o in llm.generate(HEALTHY, GREEDY)]
+    prompts = [[1, 2, pair.token, 4], pair.reaching, *HEALTHY]
+    outputs = llm.generate(prompts, [params, GREEDY, GREEDY, GREEDY])
+    assert [o.finish_reason for o in outputs] == ["error", "error", "length", "length"]
+    assert outputs[0].token_ids == []  # its prompt's last row was NaN already
+    assert [o.token_ids for o in outputs[2:]] == alone
+    assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_the_failure_comes_after_the_tokens_before_the_nan(pair):
+    """Greedy and unspeculated: the request commits every token up to the poisoned one, whose
+    row (the first to read it) fails it."""
+    out = engine(pair, "off").generate([pair.reaching], GREEDY)[0]
+    assert out.finish_reason == "error" and out.token_ids[-1] == pair.token
+
+
+def test_its_stream_fails_while_the_others_finish(pair):
+    """In the async engine (the served path), the request's stream raises, after the tokens it
+    had, and the stream beside it ends as it would alone."""
+    config = EngineConfig(model=str(pair.target), draft_model=str(pair.draft), num_kv_blocks=64,
+                          block_size=4, dtype="float32", num_threads=1)
+    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+
+    async def collect(request_id: str, prompt: list[int]) -> list:
+        return [out async for out in engine.generate(request_id, prompt, GREEDY)]
+
+    async def run():
+        return await asyncio.gather(collect("bad", pair.reaching), collect("good", HEALTHY[0]),
+                                    return_exceptions=True)
+
+    try:
+        failed, served = asyncio.run(run())
+        alone = asyncio.run(collect("alone", HEALTHY[0]))
+    finally:
+        engine.shutdown()
+    assert isinstance(failed, RuntimeError) and str(failed) == MODEL_OUTPUT_NOT_FINITE
+    assert served[-1].finish_reason == "length"
+    assert served[-1].token_ids == alone[-1].token_ids
