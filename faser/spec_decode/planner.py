@@ -161,7 +161,8 @@ class _Step:
         b = self.draft_batches[position]
         fed = max(1.0, self.lags[request]) if position == 0 and request < len(self.lags) else 1.0
         if not self.drafted:
-            self.draft_s += self.cost.draft_time(b + fed) - self.cost.draft_time(b)
+            first = position == 0
+            self.draft_s += self.cost.draft_time(b + fed, first) - self.cost.draft_time(b, first)
         self.draft_batches[position] = b + fed
         self.rows += 1
 

@@ -260,6 +260,7 @@ class Speculator:
             policy=name, target_scale=cost.target_scale if cost else None,
             decode_scale=cost.decode_scale if cost else None,
             draft_scale=cost.draft_scale if cost else None,
+            first_draft_scale=cost.first_draft_scale if cost else None,
             prefill_tokens=sum(n for _, n in prefills), **slo,
         )
 

@@ -15,8 +15,10 @@ def test_a_step_costs_its_draft_forwards_its_verification_and_the_corrections():
     assert _drafts(curve, [3, 2, 0]) == pytest.approx(drafts)
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(drafts + curve.target_time(12))
     cost.decode_scale, cost.verify_ratio, cost.draft_scale = 0.9, 1.2 / 0.9, 1.5
+    cost.first_draft_scale = 2.0  # the step's first draft forward, its weights cold
     assert cost.step_time(3, [3, 2, 0], 4) == pytest.approx(
-        1.5 * drafts + 1.2 * curve.target_time(12)
+        2.0 * curve.draft_time(2) + 1.5 * (curve.draft_time(2) + curve.draft_time(1))
+        + 1.2 * curve.target_time(12)
     )
     assert cost.verify_time(3, 5, 4) == pytest.approx(1.2 * curve.target_time(12))
     assert cost.verify_time(3, 0, 4) == pytest.approx(0.9 * curve.target_time(7))
@@ -100,6 +102,25 @@ def test_the_draft_scale_follows_a_drifting_draft():
         for _ in range(300):
             cost.observe(1, [2], _rows([2]), scale * _drafts(curve, [2]), curve.target_time(3))
         assert cost.draft_scale == pytest.approx(scale, rel=0.01)
+
+
+def test_the_first_draft_forward_and_the_others_learn_their_own_scales():
+    """A step's first draft forward reads the draft's weights cold, at 3 times the profile, and
+    the others warm, at 1.1 times: each learns its own, so a second draft token is priced at
+    what it adds (one scale for both priced it at about twice that)."""
+    curve = roofline()
+    cost = CostModel(curve)
+
+    def measured(ks):
+        rows = _rows(ks)
+        return 3.0 * curve.draft_time(rows[0]) + 1.1 * sum(curve.draft_time(r) for r in rows[1:])
+
+    for ks in ([1, 1, 1, 1], [2, 2, 2, 2], [2, 1, 2, 1]) * 40:
+        cost.observe(4, ks, _rows(ks), measured(ks), curve.target_time(4 + sum(ks)))
+    assert cost.first_draft_scale == pytest.approx(3.0, rel=0.01)
+    assert cost.draft_scale == pytest.approx(1.1, rel=0.01)
+    assert cost.step_time(4, [2] * 4) - cost.step_time(4, [1] * 4) == pytest.approx(
+        1.1 * curve.draft_time(4) + curve.target_time(12) - curve.target_time(8))
 
 
 def test_a_catch_up_is_priced_by_the_tokens_its_draft_forward_fed():
