@@ -40,7 +40,7 @@ from deployments.openai_schemas import (
     RefusedField,
     TokenizeRequest,
 )
-from deployments.responses import ENGINE_FAILED, Formatter
+from deployments.responses import Formatter, failure
 from deployments.responses_api import ResponseFormatter, ResponsesRequest
 from deployments.serving import GenerateRequest, RequestError, StreamEvent, StreamStart
 
@@ -167,7 +167,7 @@ def build_openai_app(
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error")  # the details (Ray's, the engine's) go to the logs
-        return JSONResponse(ErrorResponse(error=ENGINE_FAILED).model_dump(), status_code=500)
+        return JSONResponse(ErrorResponse(error=failure(exc)).model_dump(), status_code=500)
 
     return app
 

@@ -68,7 +68,7 @@ RESUME_WAIT_S = 60.0  # a restarted replica loads its models before it takes req
 
 class ReplicaLost(RuntimeError):
     """The replica serving a request died and the request could not be continued; the message is
-    for the logs (the client gets api.ENGINE_FAILED)."""
+    for the logs (the client gets responses.ENGINE_FAILED)."""
 
 
 class _Progress:

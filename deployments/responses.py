@@ -32,7 +32,7 @@ from deployments.openai_schemas import (
     Usage,
 )
 from deployments.serving import StreamEvent, StreamStart
-from faser.engine.async_engine import StreamDelta, TextLogprob
+from faser.engine.async_engine import ModelOutputNotFinite, StreamDelta, TextLogprob
 from faser.outputs import SpecStats
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,18 @@ ENGINE_FAILED = ErrorInfo(
     message="the server failed while serving this request; it was not completed, retry it",
     type="internal_error", code="engine_failed",
 )
+# the model's own failure on this request: sending it again fails again
+MODEL_OUTPUT_NOT_FINITE = ErrorInfo(
+    message="the model's output for this request was not finite (NaN or infinite); it was not "
+    "completed, and sending it again gives the same result",
+    type="internal_error", code="model_output_not_finite",
+)
+
+
+def failure(exc: BaseException) -> ErrorInfo:
+    """What a client is told of an exception under its request (a Ray task error is also an
+    instance of the exception it carries)."""
+    return MODEL_OUTPUT_NOT_FINITE if isinstance(exc, ModelOutputNotFinite) else ENGINE_FAILED
 
 
 def speculation_report(
@@ -190,9 +202,9 @@ class Formatter:
                     yield _sse(self._chunk(choice, event))
             if self.request.include_usage:
                 yield _sse(self._usage_chunk())
-        except Exception:  # mid-stream failure: the status line has gone already
+        except Exception as exc:  # mid-stream failure: the status line has gone already
             logger.exception("stream failed")
-            yield _sse(ErrorResponse(error=ENGINE_FAILED).model_dump())
+            yield _sse(ErrorResponse(error=failure(exc)).model_dump())
         finally:
             await events.aclose()
         yield "data: [DONE]\n\n"

@@ -38,7 +38,7 @@ from deployments.openai_schemas import (
     SloOptions,
     SpeculationOptions,
 )
-from deployments.responses import ENGINE_FAILED, chat_logprobs, speculation_report
+from deployments.responses import chat_logprobs, failure, speculation_report
 from deployments.serving import StreamEvent, StreamStart
 from faser.engine.async_engine import StreamDelta
 
@@ -179,10 +179,10 @@ class ResponseFormatter:
             yield self._event("response.output_item.done", output_index=0, item=self.item())
             response = self.response()
             yield self._event(f"response.{response['status']}", response=response)
-        except Exception:  # mid-stream failure: the status line has gone already
+        except Exception as exc:  # mid-stream failure: the status line has gone already
             logger.exception("stream failed")
             failed = {**self.response(), "status": "failed",
-                      "error": {"code": "server_error", "message": ENGINE_FAILED.message}}
+                      "error": {"code": "server_error", "message": failure(exc).message}}
             yield self._event("response.failed", response=failed)
         finally:
             await events.aclose()

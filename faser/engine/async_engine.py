@@ -42,6 +42,12 @@ logger = logging.getLogger(__name__)
 MODEL_OUTPUT_NOT_FINITE = "the model's output for this request was not finite (NaN or infinite)"
 
 
+class ModelOutputNotFinite(RuntimeError):
+    """A request's stream ends with this when the model gave it a NaN or an infinity (finish
+    reason "error"): its own failure, which sending the request again repeats, unlike a step or
+    a replica that failed under it."""
+
+
 @dataclass(frozen=True, slots=True)
 class TextLogprob:
     """A token's log-probability as a client sees it: the token as text (the ingress holds no
@@ -257,7 +263,7 @@ class AsyncLLMEngine:
                 continue
             stream.held.append(output)
             if output.finish_reason == "error":  # its tokens so far, then the failure
-                stream.held[-1] = RuntimeError(MODEL_OUTPUT_NOT_FINITE)
+                stream.held[-1] = ModelOutputNotFinite(MODEL_OUTPUT_NOT_FINITE)
             if output.finished:
                 del self._streams[output.request_id]
                 _deliver(stream, stream.held)

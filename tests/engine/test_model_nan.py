@@ -12,7 +12,7 @@ import pytest
 
 from faser import LLM, SamplingParams, SpecConfig
 from faser.config import EngineConfig
-from faser.engine.async_engine import MODEL_OUTPUT_NOT_FINITE, AsyncLLMEngine
+from faser.engine.async_engine import MODEL_OUTPUT_NOT_FINITE, AsyncLLMEngine, ModelOutputNotFinite
 from faser.engine.llm_engine import LLMEngine
 from tests.engine.tiny import make_checkpoint, make_noisy_copy, poison_token
 from tests.spec_decode.spec_profiles import roofline
@@ -96,6 +96,6 @@ def test_its_stream_fails_while_the_others_finish(pair):
         alone = asyncio.run(collect("alone", HEALTHY[0]))
     finally:
         engine.shutdown()
-    assert isinstance(failed, RuntimeError) and str(failed) == MODEL_OUTPUT_NOT_FINITE
+    assert isinstance(failed, ModelOutputNotFinite) and str(failed) == MODEL_OUTPUT_NOT_FINITE
     assert served[-1].finish_reason == "length"
     assert served[-1].token_ids == alone[-1].token_ids
