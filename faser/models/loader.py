@@ -119,6 +119,7 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     params = dict(model.named_parameters())
     loaded: set[str] = set()
     for hf_name, tensor in _checkpoint_tensors(path):
+        _check_finite(hf_name, tensor, path)
         name = hf_name.removeprefix("model.")
         if "rotary_emb" in name:
             continue
@@ -140,6 +141,17 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     missing = set(params) - loaded
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} lacks tensors: {sorted(missing)[:5]}")
+
+
+def _check_finite(name: str, tensor: torch.Tensor, path: Path) -> None:
+    """A NaN or an infinity in a weight is a damaged checkpoint. Refused here, since at serving
+    time most of them fail every request, and one in a row of the head fails none and silently
+    changes which token wins."""
+    if not tensor.is_floating_point() or bool(torch.isfinite(tensor.sum())):
+        return  # a NaN or an infinity makes the sum one: one read, no mask of the tensor's size
+    if not bool(torch.isfinite(tensor).all()):  # not merely a sum that overflowed
+        raise ValueError(f"checkpoint {str(path)!r}: tensor {name!r} holds NaN or infinite "
+                         "values (a damaged checkpoint)")
 
 
 def _copy_shard(model: nn.Module, param: nn.Parameter, tensor: torch.Tensor, parts, shard) -> None:

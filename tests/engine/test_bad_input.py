@@ -7,7 +7,7 @@ import json
 import pytest
 
 from faser import LLM, SamplingParams, SpecConfig
-from tests.engine.tiny import make_checkpoint
+from tests.engine.tiny import make_checkpoint, write_nan
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -74,6 +74,13 @@ def test_draft_with_another_vocabulary_is_refused(tiny_models, tmp_path):
     other = make_checkpoint(tmp_path / "other", "draft", vocab_size=50)
     with pytest.raises(ValueError, match="vocabulary"):
         LLM(str(tiny_models["gqa_tied"]), draft_model=str(other), num_kv_blocks=16, dtype="float32")
+
+
+def test_a_checkpoint_holding_a_nan_is_refused(tiny_models, tmp_path):
+    """Named at load, not served: a NaN in a row of the head would change which token wins."""
+    damaged = write_nan(make_checkpoint(tmp_path / "nan", "mha_untied"), 7)
+    with pytest.raises(ValueError, match="embed_tokens.weight' holds NaN"):
+        LLM(str(damaged), num_kv_blocks=16, dtype="float32")
 
 
 def test_unsupported_architecture_is_refused(tiny_models, tmp_path):

@@ -26,7 +26,7 @@ SEEDED = SamplingParams(max_tokens=12, temperature=1.0, seed=7, ignore_eos=True)
 class Poisoned(NamedTuple):
     target: Path
     draft: Path
-    token: int  # whose embedding is NaN
+    token: int  # whose embedding each engine sets to NaN (poison_token)
     reaching: list[int]  # a prompt without it whose greedy output reaches it
 
 
@@ -36,7 +36,7 @@ def pair(tmp_path_factory) -> Poisoned:
     neither the healthy prompts nor their outputs hold."""
     root = tmp_path_factory.mktemp("nan")
     target = make_checkpoint(root / "target", "mha_untied")  # its head keeps no NaN row
-    draft = make_noisy_copy(target, root / "draft", noise=0.3)  # made before the poison
+    draft = make_noisy_copy(target, root / "draft", noise=0.3)  # its own weights: never NaN
     clean = LLM(str(target), num_kv_blocks=64, block_size=4, dtype="float32")
     healthy = {t for p, o in zip(HEALTHY, clean.generate(HEALTHY, GREEDY), strict=True)
                for t in p + o.token_ids}
@@ -45,14 +45,20 @@ def pair(tmp_path_factory) -> Poisoned:
         reached = clean.generate([prompt], GREEDY)[0].token_ids[:-1]
         token = next((t for t in reached if t not in healthy and t not in prompt), None)
         if token is not None:
-            return Poisoned(poison_token(target, token), draft, token, prompt)
+            return Poisoned(target, draft, token, prompt)
     raise AssertionError("no prompt's greedy output reaches a token to poison")
+
+
+def poisoned(engine: LLMEngine, token: int) -> LLMEngine:
+    poison_token(engine, token)
+    return engine
 
 
 def engine(pair: Poisoned, policy: str) -> LLM:
     llm = LLM(str(pair.target), draft_model=str(pair.draft), spec=SpecConfig(policy=policy),
               num_kv_blocks=64, block_size=4, dtype="float32")
     llm.engine.speculator.use_cost_profile(roofline())  # so that faser speculates on tiny models
+    poison_token(llm.engine, pair.token)
     return llm
 
 
@@ -82,7 +88,7 @@ def test_its_stream_fails_while_the_others_finish(pair):
     had, and the stream beside it ends as it would alone."""
     config = EngineConfig(model=str(pair.target), draft_model=str(pair.draft), num_kv_blocks=64,
                           block_size=4, dtype="float32", num_threads=1)
-    engine = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01)
+    engine = AsyncLLMEngine(lambda: poisoned(LLMEngine(config), pair.token), idle_wait_s=0.01)
 
     async def collect(request_id: str, prompt: list[int]) -> list:
         return [out async for out in engine.generate(request_id, prompt, GREEDY)]

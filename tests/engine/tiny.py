@@ -53,9 +53,16 @@ def make_noisy_copy(target: Path, path: Path, noise: float, seed: int = 1) -> Pa
     return path
 
 
-def poison_token(path: Path, token: int) -> Path:
-    """The checkpoint with token `token`'s embedding NaN: the model's output for any request that
-    feeds it is NaN, as a model's own overflow would make it, and finite for the others."""
+def poison_token(engine, token: int) -> None:
+    """Token `token`'s embedding in a loaded engine's target set to NaN: the model's output for
+    any request that feeds it is NaN, as a model's own overflow would make it, and finite for
+    the others. In memory, since the loader refuses a checkpoint that holds a NaN."""
+    with torch.no_grad():
+        engine.pair.target.embed_tokens.weight[token] = float("nan")
+
+
+def write_nan(path: Path, token: int) -> Path:
+    """The checkpoint with token `token`'s embedding NaN on disk (a damaged checkpoint)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path)

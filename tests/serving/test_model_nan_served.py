@@ -5,7 +5,6 @@ not; a healthy request on the same server is answered as before."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,14 +22,14 @@ CODE = "model_output_not_finite"
 class Poisoned(NamedTuple):
     target: Path
     draft: Path
-    token: int  # whose embedding is NaN
+    token: int  # whose embedding the served engine sets to NaN (poison_token)
     reaching: list[int]  # a prompt without it whose greedy answer feeds it after a few tokens
     healthy: list[int]  # a prompt whose answer never feeds it
     healthy_text: str  # that answer
 
 
 @pytest.fixture(scope="module")
-def poisoned(tiny_pair, tmp_path_factory) -> Poisoned:
+def poisoned(tiny_pair) -> Poisoned:
     from faser import LLM, SamplingParams
 
     target, draft = tiny_pair
@@ -46,8 +45,7 @@ def poisoned(tiny_pair, tmp_path_factory) -> Poisoned:
         healthy = next((i for i, (p, a) in enumerate(zip(prompts, answers, strict=True))
                         if token not in p + a), None)
         if healthy is not None:
-            copy = shutil.copytree(target, tmp_path_factory.mktemp("nan") / "target")
-            return Poisoned(poison_token(copy, token), draft, token, prompt, prompts[healthy],
+            return Poisoned(target, draft, token, prompt, prompts[healthy],
                             outputs[healthy].text)
     raise AssertionError("no prompt's greedy answer feeds a token another answer avoids")
 
@@ -56,7 +54,9 @@ def poisoned(tiny_pair, tmp_path_factory) -> Poisoned:
 def client(poisoned):
     from fastapi.testclient import TestClient
 
-    app = next(gen := local_openai_app((poisoned.target, poisoned.draft)))
+    gen = local_openai_app((poisoned.target, poisoned.draft),
+                           prepare=lambda engine: poison_token(engine, poisoned.token))
+    app = next(gen)
     with TestClient(app, raise_server_exceptions=False) as http:  # a 500 is an answer here
         yield openai.OpenAI(base_url="http://testserver/v1", api_key="none", http_client=http,
                             max_retries=0)
