@@ -68,7 +68,8 @@ class LLMEngine:
             )
             if draft.reads_features:  # target forwards write the features the draft reads
                 draft.read_features(self.target.keep_features(self.pair.draft.feature_layers))
-        self.scheduler = Scheduler(config, self.blocks)
+        self.scheduler = Scheduler(config, self.blocks,
+                                   drafts_from_features=draft is not None and draft.reads_features)
         self.draft = draft
         self.cluster_load = 0.0  # the router's signal (set_cluster_load)
         self.speculator = Speculator(config.spec, self.target, draft, self.pair.token_map,

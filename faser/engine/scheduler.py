@@ -35,10 +35,12 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 drafts_from_features: bool = False) -> None:
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.blocks = block_manager
+        self.drafts_from_features = drafts_from_features  # a feature draft reads the target's
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -94,15 +96,19 @@ class Scheduler:
     def _share_prefix(self, seq: Sequence) -> bool:
         """Whether the cache held leading blocks of a request about to start (or restart) its
         prefill; they are then its own first blocks, computed. A request that asks for prompt
-        logprobs computes every position, as those need each one's logits."""
+        logprobs computes every position, as those need each one's logits; one that may draft
+        from the target's features shares only blocks that hold them."""
         if not self.blocks.prefix_caching or seq.params.prompt_logprobs is not None:
             return False
-        shared = self.blocks.share(seq.token_ids[: seq.num_tokens - 1], seq.prefix_digests)
+        featured = self.drafts_from_features and seq.spec_state.policy != "off"
+        shared = self.blocks.share(seq.token_ids[: seq.num_tokens - 1], seq.prefix_digests,
+                                   featured)
         if not shared.blocks:
             return False
         size = self.blocks.block_size
         seq.block_table.extend(shared.blocks)
-        seq.mark_target_cached(len(shared.blocks) * size)
+        seq.mark_target_cached(shared.num_featured * size)  # the lead whose features are there
+        seq.mark_target_cached(len(shared.blocks) * size, featured=False)
         seq.mark_draft_cached(shared.num_draft_ready * size)
         seq.num_draft_marked = shared.num_draft_ready
         seq.num_cached_prompt_tokens = max(seq.num_cached_prompt_tokens,
@@ -120,7 +126,7 @@ class Scheduler:
             return
         seq.num_draft_marked = self.blocks.register(
             seq.block_table, seq.token_ids, seq.prefix_digests, seq.num_cached,
-            seq.num_draft_cached, seq.num_draft_marked)
+            seq.num_draft_cached, seq.num_draft_marked, seq.num_featured)
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)

@@ -34,6 +34,9 @@ class Sequence:
     # positions held in the target's and the draft's KV caches; written only by the methods below
     num_cached: int = 0
     num_draft_cached: int = 0
+    # of the target's, the leading positions whose features the feature cache holds (a forward
+    # of policy `off`'s requests alone computes none)
+    num_featured: int = 0
     # prefix caching (faser.runner.block_manager): the keys of the leading full blocks, those of
     # them marked as holding the draft's half, and the prompt positions read from the cache
     prefix_digests: list[bytes] = field(default_factory=list)
@@ -52,8 +55,11 @@ class Sequence:
     first_token_time: float | None = None
     finish_time: float | None = None
 
-    def mark_target_cached(self, num_positions: int) -> None:
-        """A forward just fed the target positions up to `num_positions`."""
+    def mark_target_cached(self, num_positions: int, featured: bool = True) -> None:
+        """A forward just fed the target positions up to `num_positions`, writing their features
+        where `featured`."""
+        if featured and self.num_featured >= self.num_cached:
+            self.num_featured = num_positions
         self.num_cached = num_positions
 
     def mark_draft_cached(self, num_positions: int) -> None:
@@ -66,10 +72,11 @@ class Sequence:
         drafts) is dropped; the newest committed token is fed again by the next step."""
         self.num_cached = min(self.num_cached, self.num_tokens - 1)
         self.num_draft_cached = min(self.num_draft_cached, self.num_tokens - 1)
+        self.num_featured = min(self.num_featured, self.num_cached)
 
     def reset_caches(self) -> None:
         """Preempted: its blocks are freed, so both caches start again from the prompt."""
-        self.num_cached = self.num_draft_cached = self.num_draft_marked = 0
+        self.num_cached = self.num_draft_cached = self.num_draft_marked = self.num_featured = 0
         self.prefix_digests.clear()
 
     @property

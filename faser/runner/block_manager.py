@@ -14,7 +14,9 @@ by reference count; once nobody holds it, it stays cached, and free blocks are h
 the least recently released cached ones are evicted. The draft's half of a shared block is
 trusted only once the request that registered it had fed the draft up to the block's end. A feature
 draft's inputs, the target's features, live in the blocks' slots of the feature cache, so they are
-shared with the KV."""
+shared with the KV where the registering request's forwards computed them: a request that drafts
+from them shares only such blocks, and a block it computes replaces a registered one without
+them."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def block_digest(parent: bytes, token_ids: Sequence[int]) -> bytes:
 class SharedPrefix(NamedTuple):
     blocks: list[int]  # the registered blocks the request now holds too
     num_draft_ready: int  # how many of them lead with their draft half filled
+    num_featured: int  # how many of them lead with the target's features in their slots
 
 
 class BlockManager:
@@ -50,6 +53,7 @@ class BlockManager:
         self._by_digest: dict[bytes, int] = {}
         self._digest_of: dict[int, bytes] = {}
         self._draft_ready: set[int] = set()  # registered blocks whose draft half is filled
+        self._featured: set[int] = set()  # registered blocks whose slots hold the features
 
     @property
     def num_free_blocks(self) -> int:
@@ -95,43 +99,53 @@ class BlockManager:
 
     # -- prefix caching ------------------------------------------------------------------------
 
-    def share(self, token_ids: Sequence[int], digests: list[bytes]) -> SharedPrefix:
-        """The registered blocks that hold the longest run of full blocks `token_ids` begins with,
-        each now held once more; `digests` (empty) receives their keys."""
+    def share(self, token_ids: Sequence[int], digests: list[bytes],
+              featured: bool = False) -> SharedPrefix:
+        """The registered blocks that hold the longest run of full blocks `token_ids` begins with
+        (with `featured`, only blocks whose slots hold the target's features), each now held once
+        more; `digests` (empty) receives their keys."""
         blocks: list[int] = []
         parent = ROOT_DIGEST
         for end in range(self.block_size, len(token_ids) + 1, self.block_size):
             digest = block_digest(parent, token_ids[end - self.block_size : end])
             block = self._by_digest.get(digest)
-            if block is None:
+            if block is None or (featured and block not in self._featured):
                 break
             self._hold(block)
             blocks.append(block)
             digests.append(digest)
             parent = digest
-        num_ready = next((n for n, b in enumerate(blocks) if b not in self._draft_ready),
-                         len(blocks))
-        return SharedPrefix(blocks, num_ready)
+        return SharedPrefix(blocks, _leading(blocks, self._draft_ready),
+                            _leading(blocks, self._featured))
 
     def register(
         self, block_table: list[int], token_ids: Sequence[int], digests: list[bytes],
         num_positions: int, num_draft_positions: int, num_draft_marked: int,
+        num_featured: int = 0,
     ) -> int:
         """Registers the table's full blocks within the first `num_positions` positions (those the
         target holds for `token_ids`) past the `len(digests)` already keyed, appending their
-        keys; marks those past the first
-        `num_draft_marked` and within `num_draft_positions` as holding the draft's half too, and
-        returns how many are marked. A block whose key another block already holds stays the
-        table's own."""
+        keys, those within the first `num_featured` as holding the target's features; marks
+        those past the first `num_draft_marked` and within `num_draft_positions` as holding the
+        draft's half too, and returns how many are marked. A block whose key another block
+        already holds stays the table's own, unless it has the features the other lacks."""
         size = self.block_size
         for n in range(len(digests), min(num_positions, len(token_ids)) // size):
             parent = digests[-1] if digests else ROOT_DIGEST
             digest = block_digest(parent, token_ids[n * size : (n + 1) * size])
             digests.append(digest)
-            block = block_table[n]
-            if digest not in self._by_digest and block not in self._digest_of:
-                self._by_digest[digest] = block
-                self._digest_of[block] = digest
+            block, held = block_table[n], self._by_digest.get(digest)
+            featured = (n + 1) * size <= num_featured
+            if block in self._digest_of:
+                continue
+            if held is not None and (held in self._featured or not featured):
+                continue
+            if held is not None:
+                self._unregister(held)
+            self._by_digest[digest] = block
+            self._digest_of[block] = digest
+            if featured:
+                self._featured.add(block)
         marked = max(num_draft_marked, min(len(digests), num_draft_positions // size))
         for n in range(num_draft_marked, marked):
             block = block_table[n]
@@ -150,7 +164,18 @@ class BlockManager:
         block, _ = self._cached.popitem(last=False)
         del self._by_digest[self._digest_of.pop(block)]
         self._draft_ready.discard(block)
+        self._featured.discard(block)
         return block
+
+    def _unregister(self, block: int) -> None:
+        """Its key goes to another block: its holders keep it as their own, and once none
+        does, it is free."""
+        del self._by_digest[self._digest_of.pop(block)]
+        self._draft_ready.discard(block)
+        self._featured.discard(block)
+        if block in self._cached:
+            del self._cached[block]
+            self._free.append(block)
 
     def _release(self, block: int) -> None:
         assert block in self._refs, f"block {block} freed twice"
@@ -162,3 +187,8 @@ class BlockManager:
             self._cached[block] = None
         else:
             self._free.append(block)
+
+
+def _leading(blocks: list[int], marked: set[int]) -> int:
+    """How many of `blocks` lead in `marked`."""
+    return next((n for n, b in enumerate(blocks) if b not in marked), len(blocks))

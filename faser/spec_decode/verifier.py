@@ -105,13 +105,14 @@ class Verifier:
         """One target forward over frontiers of different requests, each at its own offset (the
         overlapped step verifies a request as soon as its drafts exist), plus prefill riders;
         updates each item's verdict and fills `prefill_tokens` as `verify` does."""
-        chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size) for it in items]
-        chunks += [_prefill_chunk(seq, n) for seq, n in prefills]
         fed = [it.seq for it in items] + [seq for seq, _ in prefills]
         # a feature draft reads what the target computed (its feature cache), also in the steps
         # its request does not draft; policy `off`'s requests never draft, and a step of theirs
-        # alone skips computing them
+        # alone skips computing them (their requests then know which positions lack them)
         keep = bool(self.runner.feature_layers) and any(s.spec_state.policy != "off" for s in fed)
+        chunks = [_verify_chunk(it.seq, it.draft, it.start, it.offset, it.size, keep)
+                  for it in items]
+        chunks += [_prefill_chunk(seq, n, keep) for seq, n in prefills]
         logits, _ = self.runner.forward_hidden(chunks, features=keep)
         broken = _broken_rows(logits)
         entries: list[_Entry] = []
@@ -268,15 +269,16 @@ def _uniforms(seq: SpecRequest, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return u[:k], u[k:]
 
 
-def _verify_chunk(seq: SpecRequest, draft: list[int], start: int, j: int, f: int) -> Chunk:
+def _verify_chunk(seq: SpecRequest, draft: list[int], start: int, j: int, f: int,
+                  featured: bool) -> Chunk:
     inputs = ([seq.last_token_id] + draft)[j : j + f]
-    seq.mark_target_cached(start + j + len(inputs))
+    seq.mark_target_cached(start + j + len(inputs), featured)
     return Chunk(inputs, start + j, seq.block_table, num_logits=len(inputs))
 
 
-def _prefill_chunk(seq: SpecRequest, n: int) -> Chunk:
+def _prefill_chunk(seq: SpecRequest, n: int, featured: bool) -> Chunk:
     start = seq.num_cached
-    seq.mark_target_cached(start + n)
+    seq.mark_target_cached(start + n, featured)
     completes = seq.num_cached == seq.num_tokens
     # prompt logprobs read every position's logits (until all are scored, as a preempted
     # request's prefill may come again); sampling reads only the last one's

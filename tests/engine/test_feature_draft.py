@@ -210,3 +210,32 @@ def test_requests_keep_their_features_while_faser_is_off(feature_pair, plain_gre
             assert _written(engine, seq).all()  # no position reads as zeros
     assert [outputs["r0"], outputs["r1"]] == plain_greedy[:2]
     assert off_steps > 0
+
+
+def test_a_prefix_computed_without_features_is_computed_again_to_draft(feature_pair,
+                                                                      plain_greedy):
+    """Policy `off`'s requests alone leave a prompt's blocks without the target's features. A
+    request that drafts does not share them (its draft would read other positions' rows there)
+    but computes them again, and its blocks then take the cache's place: the next drafting
+    request shares them and guesses as well as the first. An `off` request shares either.
+    Output is the target's throughout."""
+    target, draft = feature_pair
+    llm = LLM(str(target), draft_model=str(draft), spec=SpecConfig(policy="fixed:1"),
+              num_kv_blocks=96, block_size=4, dtype="float32")
+    stats, prompt, expected = llm.engine.stats, PROMPTS[0], plain_greedy[0]
+    full = (len(prompt) - 1) // 4 * 4  # every full block but one holding the last token
+
+    def once(speculation=None) -> tuple[int, float]:
+        accepted, drafted = stats.num_accepted_tokens, stats.num_draft_tokens
+        out = llm.generate([prompt], GREEDY, speculation=speculation)[0]
+        assert out.token_ids == expected
+        rate = (stats.num_accepted_tokens - accepted) / max(1, stats.num_draft_tokens - drafted)
+        return out.num_cached_tokens, rate
+
+    assert once({"policy": "off"})[0] == 0
+    assert not llm.engine.target.feature_cache.any()
+    cached, first_rate = once()
+    assert cached == 0 and first_rate > 0.5
+    cached, rate = once()
+    assert cached == full and rate == pytest.approx(first_rate, abs=0.05)
+    assert once({"policy": "off"})[0] == full

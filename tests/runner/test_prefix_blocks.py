@@ -7,13 +7,15 @@ import pytest
 from faser.runner.block_manager import BlockManager
 
 
-def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0):
-    """A request that computed `tokens` (all of them in the target, `num_draft` in the draft)
-    and registered them: its table, its keys and how many blocks hold the draft's half."""
+def registered(blocks: BlockManager, tokens: list[int], num_draft: int = 0,
+               num_featured: int = 0):
+    """A request that computed `tokens` (all of them in the target, `num_draft` in the draft, the
+    first `num_featured` with the target's features) and registered them: its table, its keys
+    and how many blocks hold the draft's half."""
     table: list[int] = []
     assert blocks.allocate("a", table, len(tokens))
     digests: list[bytes] = []
-    marked = blocks.register(table, tokens, digests, len(tokens), num_draft, 0)
+    marked = blocks.register(table, tokens, digests, len(tokens), num_draft, 0, num_featured)
     return table, digests, marked
 
 
@@ -23,7 +25,7 @@ def test_a_later_request_shares_the_full_blocks_its_tokens_begin_with():
     assert blocks.num_cached_blocks == 2
     digests: list[bytes] = []
     shared = blocks.share([0, 1, 2, 3, 4, 5, 6, 7, 99], digests)
-    assert shared == (table[:2], 0) and len(digests) == 2
+    assert shared == (table[:2], 0, 0) and len(digests) == 2
     assert blocks.share([0, 1, 2, 3, 5, 5, 6, 7], []).blocks == [table[0]]  # differs in block 2
     assert blocks.share([1, 0, 2, 3], []).blocks == []
 
@@ -82,3 +84,29 @@ def test_a_key_held_by_another_block_stays_with_it():
     assert blocks.num_cached_blocks == 1 and blocks.num_free_blocks == 15
     assert blocks.share([5] * 4, []).blocks == kept
 
+
+
+def test_a_request_that_drafts_from_features_shares_only_blocks_holding_them():
+    blocks = BlockManager(16, 4, prefix_caching=True)
+    tokens = list(range(12))
+    table, _, _ = registered(blocks, tokens, num_featured=6)  # features for the first block only
+    assert blocks.share(tokens, []) == (table, 0, 1)
+    digests: list[bytes] = []
+    assert blocks.share(tokens, digests, featured=True) == (table[:1], 0, 1)
+    assert len(digests) == 1
+
+
+def test_a_block_with_features_takes_the_key_of_one_without():
+    """A request that drafts computes again what it could not share; its block then holds the
+    key, and the one without features is its holder's own until freed, then free."""
+    blocks = BlockManager(16, 4, prefix_caching=True)
+    bare, _, _ = registered(blocks, [5] * 4)
+    kept = list(bare)
+    featured, _, _ = registered(blocks, [5] * 4, num_featured=4)
+    assert blocks.share([5] * 4, [], featured=True).blocks == featured
+    again, _, _ = registered(blocks, [5] * 4)  # without features: the key stays where it is
+    assert blocks.share([5] * 4, []).blocks == featured
+    free = blocks.num_free_blocks
+    blocks.free(bare)
+    assert blocks.num_free_blocks == free + 1 and blocks.num_cached_blocks == 1
+    assert kept[0] not in blocks.share([5] * 4, []).blocks
