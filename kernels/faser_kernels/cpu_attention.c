@@ -19,10 +19,14 @@
  * a tight loop of copies keeps the hardware prefetchers ahead of it, and the run's rows of a key
  * lie side by side. Neither changes a bit: each query head's arithmetic is the same.
  *
+ * Where the CPU has AMX, every bf16 call takes pass 1's scores from the tiles instead (below): a
+ * query's bits depend on its own inputs only there too, but they are not the vector path's.
+ *
  * Tensors (q, caches, out) are bf16 or fp32, all of one dtype:
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
+#include "cpu_amx.h"
 #include "cpu_tiles.h"
 #include "cpu_vec.h"
 #include <math.h>
@@ -183,27 +187,129 @@ static inline __attribute__((always_inline)) void weigh_block(const Attention *a
     }
 }
 
+/* -- Pass 1 on AMX (bf16) -----------------------------------------------------------------------
+ * A block's scores for all of a tile's query heads in tile products: the heads' queries (16 rows
+ * of 32 dims a tile, pack_queries) times the 16 keys' dims in pairs (transpose_keys), each score
+ * one query head's and one key's dims summed in the tiles' fixed order, then scaled, masked and
+ * taken into the maximum as on the vector path. Passes 2 and 3 are the vector path's. */
+
+#define AMX_HEADS 48 /* query heads per tile: three tiles of 16 rows */
+
+/* The tile's query heads, row h query head h: [AMX_HEADS][head_dim] bf16, zero past them. */
+static void pack_queries(const Attention *a, const Tile *tile, uint16_t *packed) {
+    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
+    memset(packed, 0, sizeof(uint16_t) * AMX_HEADS * d);
+    for (long h = 0; h < heads; h++) {
+        long t = tile->t0 + h / tile->group;
+        long head = tile->kv_head * tile->group + h % tile->group;
+        memcpy(packed + h * d, (const uint16_t *)a->q + (t * a->num_heads + head) * d, 2 * d);
+    }
+}
+
+/* 16 rows of 16 32-bit lanes transposed in registers: r[i][j] becomes r[j][i]. */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            t[i + k] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0x88);
+            t[i + k + 4] = _mm512_shuffle_i32x4(r[i + k], r[i + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_i32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+
+/* 16 keys' rows (`stride` elements apart) as the products' second operand: [head_dim / 2][16]
+ * pairs of dims, column j key j. Rows past the staged keys hold whatever the stage held: their
+ * columns' scores are never read. */
+static inline void transpose_keys(const uint16_t *keys, long stride, long d, uint32_t *kt) {
+    for (long p0 = 0; p0 < d / 2; p0 += 16) {
+        __m512i r[16];
+        for (long j = 0; j < 16; j++) r[j] = _mm512_loadu_si512(keys + j * stride + 2 * p0);
+        transpose16(r);
+        for (long p = 0; p < 16; p++) _mm512_storeu_si512(kt + (p0 + p) * 16, r[p]);
+    }
+}
+
+__attribute__((target("amx-tile"))) static void release_tiles(void) { _tile_release(); }
+
+/* One row tile's scores: rows r0 .. r0 + 15 of `packed` against the transposed keys, stored
+ * [row][16 keys] `width` floats apart. */
+#define AMX_ROWS(r0, c)                                                                            \
+    do {                                                                                           \
+        _tile_zero(c);                                                                             \
+        for (long k = 0; k < d; k += TILE_K) {                                                     \
+            _tile_loadd(3, packed + (r0) * d + k, 2 * d);                                          \
+            _tile_loadd(4, kt + k / 2 * 16, 64);                                                   \
+            _tile_dpbf16ps(c, 3, 4);                                                               \
+        }                                                                                          \
+        _tile_stored(c, scores + (r0) * tile->width, 4 * tile->width);                             \
+    } while (0)
+
+/* Pass 1, one block, on AMX: as score_block, the dot products from the tiles. */
+__attribute__((target("amx-tile,amx-bf16"))) static void score_block_amx(
+    const Attention *a, const Tile *tile, long j0, const void *rows, long stride,
+    const uint16_t *packed, __m512 *top) {
+    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
+    uint32_t kt[8 * MAX_CHUNKS * 16] __attribute__((aligned(64)));
+    transpose_keys(rows, stride, d, kt);
+    float *scores = tile->scores + j0;
+    AMX_ROWS(0, 0);
+    if (heads > 16) AMX_ROWS(16, 1);
+    if (heads > 32) AMX_ROWS(32, 2);
+    __m512 scale = _mm512_set1_ps(a->scale);
+    for (long h = 0; h < heads; h++) {
+        long n = keys_seen(tile->first + tile->t0 + h / tile->group, j0);
+        if (!n) continue;
+        __mmask16 m = tail_mask(n);
+        float *row = tile->scores + h * tile->width + j0;
+        __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row), scale);
+        _mm512_mask_storeu_ps(row, m, s);
+        top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
+    }
+}
+
 /* The tiles of one request's queries for a run of kv heads, one tile per kv head: each pass
  * stages STAGE_KEYS keys' rows of the run at a time, then takes them block by block, every kv
  * head of the run in each block. */
 static inline __attribute__((always_inline)) void attend_tiles(const Attention *a, Tile *tiles,
                                                                long num, void *stage,
+                                                               uint16_t *packed,
                                                                const long CHUNKS) {
     long heads = (tiles[0].t1 - tiles[0].t0) * tiles[0].group, d = a->head_dim;
     __m512 top[MAX_KV_RUN][MAX_HEADS];
     for (long i = 0; i < num; i++) {
         for (long h = 0; h < heads; h++) top[i][h] = _mm512_set1_ps(-INFINITY);
         for (long x = 0; x < heads * CHUNKS * 16; x++) tiles[i].acc[x] = 0.0f;
+        if (packed) pack_queries(a, &tiles[i], packed + i * AMX_HEADS * d);
     }
+    if (packed) configure_tiles();
     long last_pos = tiles[0].last_pos, kv0 = tiles[0].kv_head, stride = num * d;
     for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
         long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
         stage_rows(a, tiles[0].table, a->k_cache, g0, n, kv0, num, stage);
         for (long j0 = g0; j0 < g0 + n; j0 += 16)
-            for (long i = 0; i < num; i++)
-                score_block(a, &tiles[i], j0, at(a, stage, (j0 - g0) * stride + i * d), stride,
-                            top[i], CHUNKS);
+            for (long i = 0; i < num; i++) {
+                const void *keys = at(a, stage, (j0 - g0) * stride + i * d);
+                if (packed)
+                    score_block_amx(a, &tiles[i], j0, keys, stride,
+                                    packed + i * AMX_HEADS * d, top[i]);
+                else
+                    score_block(a, &tiles[i], j0, keys, stride, top[i], CHUNKS);
+            }
     }
+    if (packed) release_tiles();
     float inv_sum[MAX_KV_RUN][MAX_HEADS];
     for (long i = 0; i < num; i++)
         for (long h = 0; h < heads; h++)
@@ -234,16 +340,16 @@ static inline __attribute__((always_inline)) void attend_tiles(const Attention *
 }
 
 /* CHUNKS as a constant, so that a query head's chunks live in registers */
-static void attend(const Attention *a, Tile *tiles, long num, void *stage) {
+static void attend(const Attention *a, Tile *tiles, long num, void *stage, uint16_t *packed) {
     switch ((a->head_dim + 15) / 16) {
-    case 1: attend_tiles(a, tiles, num, stage, 1); break;
-    case 2: attend_tiles(a, tiles, num, stage, 2); break;
-    case 3: attend_tiles(a, tiles, num, stage, 3); break;
-    case 4: attend_tiles(a, tiles, num, stage, 4); break;
-    case 5: attend_tiles(a, tiles, num, stage, 5); break;
-    case 6: attend_tiles(a, tiles, num, stage, 6); break;
-    case 7: attend_tiles(a, tiles, num, stage, 7); break;
-    default: attend_tiles(a, tiles, num, stage, 8); break;
+    case 1: attend_tiles(a, tiles, num, stage, packed, 1); break;
+    case 2: attend_tiles(a, tiles, num, stage, packed, 2); break;
+    case 3: attend_tiles(a, tiles, num, stage, packed, 3); break;
+    case 4: attend_tiles(a, tiles, num, stage, packed, 4); break;
+    case 5: attend_tiles(a, tiles, num, stage, packed, 5); break;
+    case 6: attend_tiles(a, tiles, num, stage, packed, 6); break;
+    case 7: attend_tiles(a, tiles, num, stage, packed, 7); break;
+    default: attend_tiles(a, tiles, num, stage, packed, 8); break;
     }
 }
 
@@ -258,14 +364,20 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     Attention a = {q, k_cache, v_cache, block_tables, seq_lens, cu_seqlens_q, out, num_seqs,
                    max_blocks, block_size, num_heads, num_kv_heads, head_dim, scale, bf16};
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
-    long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
+    /* every bf16 call of such a CPU, whatever its shape: a query's bits must not depend on it */
+    int amx = bf16 && head_dim % TILE_K == 0 && amx_enabled();
+    long tile_queries = amx ? AMX_HEADS / group : TILE, tile_heads = tile_queries * group;
+    long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, tile_queries, &num_tiles,
+                              &longest);
     /* a run of kv heads per work item while there are tiles enough to keep every thread busy;
      * else one, so that a lone request's kv heads still share the threads */
     long run = num_tiles >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     run = run < MAX_KV_RUN ? run : MAX_KV_RUN;
     long runs = (num_kv_heads + run - 1) / run;
-    long width = longest + 16, per_tile = TILE * group * (width + 16 * MAX_CHUNKS);
-    long per_thread = per_tile * run + STAGE_KEYS * run * 16 * MAX_CHUNKS;
+    long width = longest + 16, per_tile = tile_heads * (width + 16 * MAX_CHUNKS);
+    long stage_size = STAGE_KEYS * run * 16 * MAX_CHUNKS;
+    long packed = amx ? run * AMX_HEADS * head_dim / 2 : 0; /* pack_queries' bf16, as floats */
+    long per_thread = per_tile * run + stage_size + packed;
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
     if (!tiles || !scratch) {
         free(tiles);
@@ -285,13 +397,14 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
             *tile = (Tile){.t0 = tiles[2 * i + 1], .kv_head = kv0 + k, .group = group,
                            .table = block_tables + s * max_blocks,
                            .scores = mine + per_tile * k,
-                           .acc = mine + per_tile * k + TILE * group * width, .width = width};
-            tile->t1 = tile->t0 + TILE < cu_seqlens_q[s + 1] ? tile->t0 + TILE
-                                                             : cu_seqlens_q[s + 1];
+                           .acc = mine + per_tile * k + tile_heads * width, .width = width};
+            tile->t1 = tile->t0 + tile_queries < cu_seqlens_q[s + 1] ? tile->t0 + tile_queries
+                                                                     : cu_seqlens_q[s + 1];
             tile->first = seq_lens[s] - q_len - cu_seqlens_q[s];
             tile->last_pos = tile->first + tile->t1 - 1;
         }
-        attend(&a, run_tiles, num, mine + per_tile * run);
+        float *stage = mine + per_tile * run;
+        attend(&a, run_tiles, num, stage, amx ? (uint16_t *)(stage + stage_size) : NULL);
     }
     free(tiles);
     free(scratch);

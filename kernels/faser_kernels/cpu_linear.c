@@ -19,13 +19,12 @@
  * call on such a CPU takes the tiles, always with 16-row tiles (the rows past M are zeros), so
  * an output's bits still depend only on its own row.
  */
+#include "cpu_amx.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <cpuid.h>
 #include <omp.h>
-#include <sys/syscall.h>
 
 #define PANEL 32
 #define MAX_ROWS 12
@@ -141,45 +140,10 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
 
 /* -- AMX: bf16 weights on the tiles ------------------------------------------------------------ */
 
-#define TILE_ROWS 16
-#define TILE_K 32 /* bf16 per tile row: 64 bytes */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-long syscall(long number, ...);
-
-/* Whether this process may use AMX: the CPU has it and Linux grants the tile state. */
-static int amx_enabled(void) {
-    static int enabled = -1;
-    if (enabled < 0) {
-        unsigned int eax, ebx, ecx, edx;
-        int has = __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1) &&
-                  (edx >> 24 & 1);
-        enabled = has && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    }
-    return enabled;
-}
-
 int faser_linear_uses_amx(void) { return amx_enabled(); }
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} TileConfig;
-
-/* tmm0-3: four accumulators (two panels' halves), tmm4: the rows, tmm5-7: weights; all 16 x 64
- * bytes. */
-__attribute__((target("amx-tile"))) static void configure_tiles(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = TILE_ROWS;
-    }
-    _tile_loadconfig(&c);
-}
+/* tmm0-3: four accumulators (two panels' halves), tmm4: the rows, tmm5-7: weights (configure_tiles,
+ * cpu_amx.h). */
 
 /* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
