@@ -280,6 +280,65 @@ __attribute__((target("amx-tile,amx-bf16"))) static void score_block_amx(
     }
 }
 
+/* -- Pass 3 on AMX (bf16) -----------------------------------------------------------------------
+ * A group of 32 keys' values weighted for all of a tile's query heads in tile products: the
+ * heads' weights rounded to bf16, zero past each head's query (16 rows of 32 keys a tile), times
+ * the values in pairs of keys (16 dims a tile), added into tile->acc, whose rows are the
+ * products' rows. A head's sums take its keys' pairs in order, group after group, so its bits
+ * depend on its own inputs only; a weight of 0 adds nothing, and the values past the last key
+ * are zeros, not whatever the stage held. */
+
+#define PAIR_KEYS 32 /* keys per group: a tile row of bf16 weights */
+
+static inline __mmask16 first_lanes(long n) { return n <= 0 ? 0 : tail_mask(n); }
+
+/* Keys j0 .. j0 + 31's values (`rows`, `stride` elements apart; the first n real) in pairs of
+ * keys: [head_dim / 16][16 pairs][16 dims x 2] bf16, the products' second operands. */
+static inline void pair_values(const uint16_t *rows, long stride, long n, long d,
+                               uint16_t *paired) {
+    __m512i low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                   39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+    for (long p = 0; p < PAIR_KEYS / 2; p++)
+        for (long c = 0; c < d; c += 32) {
+            __m512i v0 = 2 * p < n ? _mm512_loadu_si512(rows + 2 * p * stride + c)
+                                   : _mm512_setzero_si512();
+            __m512i v1 = 2 * p + 1 < n ? _mm512_loadu_si512(rows + (2 * p + 1) * stride + c)
+                                       : _mm512_setzero_si512();
+            _mm512_storeu_si512(paired + (c / 16 * 16 + p) * 32,
+                                _mm512_permutex2var_epi16(v0, low, v1));
+            _mm512_storeu_si512(paired + ((c / 16 + 1) * 16 + p) * 32,
+                                _mm512_permutex2var_epi16(v0, high, v1));
+        }
+}
+
+/* Pass 3, one group of 32 keys, on AMX: as weigh_block. */
+__attribute__((target("amx-tile,amx-bf16"))) static void weigh_group_amx(
+    const Attention *a, const Tile *tile, long j0, const void *rows, long stride) {
+    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
+    long groups = (heads + 15) / 16, n = tile->last_pos + 1 - j0;
+    uint16_t paired[MAX_CHUNKS * 16 * PAIR_KEYS] __attribute__((aligned(64)));
+    uint16_t weights[AMX_HEADS * PAIR_KEYS] __attribute__((aligned(64)));
+    pair_values(rows, stride, n < PAIR_KEYS ? n : PAIR_KEYS, d, paired);
+    for (long h = 0; h < groups * 16; h++) {
+        long seen = h < heads ? tile->first + tile->t0 + h / tile->group + 1 - j0 : 0;
+        const float *p = tile->scores + h * tile->width + j0;
+        __m512 w0 = _mm512_maskz_loadu_ps(first_lanes(seen), p);
+        __m512 w1 = _mm512_maskz_loadu_ps(first_lanes(seen - 16), p + 16);
+        _mm512_storeu_si512(weights + h * PAIR_KEYS, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
+    }
+    for (long g = 0; g < groups; g++) {
+        _tile_loadd(3, weights + g * 16 * PAIR_KEYS, 2 * PAIR_KEYS);
+        for (long c = 0; c < d; c += 16) {
+            float *acc = tile->acc + g * 16 * d + c;
+            _tile_loadd(0, acc, 4 * d);
+            _tile_loadd(4, paired + c * 32, 64);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_stored(0, acc, 4 * d);
+        }
+    }
+}
+
 /* The tiles of one request's queries for a run of kv heads, one tile per kv head: each pass
  * stages STAGE_KEYS keys' rows of the run at a time, then takes them block by block, every kv
  * head of the run in each block. */
@@ -316,14 +375,20 @@ static inline __attribute__((always_inline)) void attend_tiles(const Attention *
             inv_sum[i][h] = normalise(tiles[i].scores + h * tiles[i].width,
                                       tiles[i].first + tiles[i].t0 + h / tiles[i].group,
                                       _mm512_reduce_max_ps(top[i][h]));
+    if (packed) configure_tiles();
     for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
         long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
         stage_rows(a, tiles[0].table, a->v_cache, g0, n, kv0, num, stage);
-        for (long j0 = g0; j0 < g0 + n; j0 += 16)
-            for (long i = 0; i < num; i++)
-                weigh_block(a, &tiles[i], j0, at(a, stage, (j0 - g0) * stride + i * d), stride,
-                            CHUNKS);
+        for (long j0 = g0; j0 < g0 + n; j0 += packed ? PAIR_KEYS : 16)
+            for (long i = 0; i < num; i++) {
+                const void *values = at(a, stage, (j0 - g0) * stride + i * d);
+                if (packed)
+                    weigh_group_amx(a, &tiles[i], j0, values, stride);
+                else
+                    weigh_block(a, &tiles[i], j0, values, stride, CHUNKS);
+            }
     }
+    if (packed) release_tiles();
     for (long i = 0; i < num; i++) {
         const Tile *tile = &tiles[i];
         for (long h = 0; h < heads; h++) {
