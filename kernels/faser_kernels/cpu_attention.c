@@ -59,6 +59,7 @@ typedef struct {
     float *scores; /* [num query heads, width] */
     float *acc;    /* [num query heads, CHUNKS * 16] */
     long width;
+    long pos[MAX_HEADS]; /* query head h's position: first + t0 + h / group, divided once */
 } Tile;
 
 static inline const void *at(const Attention *a, const void *base, long offset) {
@@ -132,7 +133,7 @@ static inline __attribute__((always_inline)) void score_block(const Attention *a
     __m512 keys[16][MAX_CHUNKS];
     read_rows(a, rows, stride, keys_seen(tile->last_pos, j0), CHUNKS, keys);
     for (long h = 0; h < heads; h++) {
-        long t = tile->t0 + h / tile->group, n = keys_seen(tile->first + t, j0);
+        long t = tile->t0 + h / tile->group, n = keys_seen(tile->pos[h], j0);
         if (!n) continue;
         long head = tile->kv_head * tile->group + h % tile->group;
         const void *q_row = at(a, a->q, (t * a->num_heads + head) * a->head_dim);
@@ -174,7 +175,7 @@ static inline __attribute__((always_inline)) void weigh_block(const Attention *a
     __m512 values[16][MAX_CHUNKS];
     read_rows(a, rows, stride, keys_seen(tile->last_pos, j0), CHUNKS, values);
     for (long h = 0; h < heads; h++) {
-        long n = keys_seen(tile->first + tile->t0 + h / tile->group, j0);
+        long n = keys_seen(tile->pos[h], j0);
         const float *p = tile->scores + h * tile->width + j0;
         __m512 acc[MAX_CHUNKS];
         for (long c = 0; c < CHUNKS; c++) acc[c] = _mm512_loadu_ps(tile->acc + h * d + c * 16);
@@ -270,7 +271,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void score_block_amx(
     if (heads > 32) AMX_ROWS(32, 2);
     __m512 scale = _mm512_set1_ps(a->scale);
     for (long h = 0; h < heads; h++) {
-        long n = keys_seen(tile->first + tile->t0 + h / tile->group, j0);
+        long n = keys_seen(tile->pos[h], j0);
         if (!n) continue;
         __mmask16 m = tail_mask(n);
         float *row = tile->scores + h * tile->width + j0;
@@ -321,7 +322,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void weigh_group_amx(
     uint16_t weights[AMX_HEADS * PAIR_KEYS] __attribute__((aligned(64)));
     pair_values(rows, stride, n < PAIR_KEYS ? n : PAIR_KEYS, d, paired);
     for (long h = 0; h < groups * 16; h++) {
-        long seen = h < heads ? tile->first + tile->t0 + h / tile->group + 1 - j0 : 0;
+        long seen = h < heads ? tile->pos[h] + 1 - j0 : 0;
         const float *p = tile->scores + h * tile->width + j0;
         __m512 w0 = _mm512_maskz_loadu_ps(first_lanes(seen), p);
         __m512 w1 = _mm512_maskz_loadu_ps(first_lanes(seen - 16), p + 16);
@@ -373,7 +374,7 @@ static inline __attribute__((always_inline)) void attend_tiles(const Attention *
     for (long i = 0; i < num; i++)
         for (long h = 0; h < heads; h++)
             inv_sum[i][h] = normalise(tiles[i].scores + h * tiles[i].width,
-                                      tiles[i].first + tiles[i].t0 + h / tiles[i].group,
+                                      tiles[i].pos[h],
                                       _mm512_reduce_max_ps(top[i][h]));
     if (packed) configure_tiles();
     for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
@@ -467,6 +468,8 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
                                                                      : cu_seqlens_q[s + 1];
             tile->first = seq_lens[s] - q_len - cu_seqlens_q[s];
             tile->last_pos = tile->first + tile->t1 - 1;
+            for (long h = 0; h < (tile->t1 - tile->t0) * group; h++)
+                tile->pos[h] = tile->first + tile->t0 + h / group;
         }
         float *stage = mine + per_tile * run;
         attend(&a, run_tiles, num, stage, amx ? (uint16_t *)(stage + stage_size) : NULL);
