@@ -432,7 +432,9 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     long num_tiles = 0, longest = 0, group = num_heads / num_kv_heads;
     /* every bf16 call of such a CPU, whatever its shape: a query's bits must not depend on it */
     int amx = bf16 && head_dim % TILE_K == 0 && amx_enabled();
-    long tile_queries = amx ? AMX_HEADS / group : TILE, tile_heads = tile_queries * group;
+    long tile_queries = amx ? AMX_HEADS / group : TILE;
+    /* a tile's rows of scores and sums: on AMX all 48, as its products write whole tiles */
+    long tile_rows = amx ? AMX_HEADS : tile_queries * group;
     long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, tile_queries, &num_tiles,
                               &longest);
     /* a run of kv heads per work item while there are tiles enough to keep every thread busy;
@@ -440,7 +442,7 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     long run = num_tiles >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     run = run < MAX_KV_RUN ? run : MAX_KV_RUN;
     long runs = (num_kv_heads + run - 1) / run;
-    long width = longest + 16, per_tile = tile_heads * (width + 16 * MAX_CHUNKS);
+    long width = longest + 16, per_tile = tile_rows * (width + 16 * MAX_CHUNKS);
     long stage_size = STAGE_KEYS * run * 16 * MAX_CHUNKS;
     long packed = amx ? run * AMX_HEADS * head_dim / 2 : 0; /* pack_queries' bf16, as floats */
     long per_thread = per_tile * run + stage_size + packed;
@@ -463,7 +465,7 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
             *tile = (Tile){.t0 = tiles[2 * i + 1], .kv_head = kv0 + k, .group = group,
                            .table = block_tables + s * max_blocks,
                            .scores = mine + per_tile * k,
-                           .acc = mine + per_tile * k + tile_heads * width, .width = width};
+                           .acc = mine + per_tile * k + tile_rows * width, .width = width};
             tile->t1 = tile->t0 + tile_queries < cu_seqlens_q[s + 1] ? tile->t0 + tile_queries
                                                                      : cu_seqlens_q[s + 1];
             tile->first = seq_lens[s] - q_len - cu_seqlens_q[s];

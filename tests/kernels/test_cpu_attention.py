@@ -68,6 +68,29 @@ def test_a_prefill_query_has_the_bits_of_a_decode_at_its_position(dtype):
         assert torch.equal(alone[0], together[i]), i
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(10, 2, 64), (14, 2, 128)])
+def test_a_tile_of_query_heads_that_does_not_fill_its_rows(dtype, num_heads, num_kv_heads,
+                                                           head_dim):
+    """5 and 7 query heads per kv head: on AMX a tile holds 9 or 6 queries, 45 or 42 of its 48
+    rows; the rows past them must not spill into the tile's sums."""
+    case = AttentionCase(num_heads, num_kv_heads, head_dim, 16, q_lens=(40, 1),
+                         context_lens=(30, 70), dtype=dtype)
+    batch = paged_batch(case, seed=5)
+    scale = 1 / math.sqrt(head_dim)
+    out = paged_attention_cpu(*batch.args(scale))
+    twin = paged_attention_torch(*(t.float() if t.is_floating_point() else t
+                                   for t in batch.args(scale)[:-1]), scale)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), twin, atol=tolerance, rtol=tolerance)
+    for i in (0, 8, 9, 39):  # a tile's first and last queries
+        alone = paged_attention_cpu(
+            batch.query[i : i + 1], batch.key_cache, batch.value_cache, batch.block_tables[:1],
+            torch.tensor([31 + i], dtype=torch.int32), torch.tensor([0, 1], dtype=torch.int32),
+            scale,
+        )
+        assert torch.equal(alone[0], out[i]), i
+
+
 # alone, a request's kv heads go to the threads one by one; in a batch of four or more tiles,
 # each work item takes a run of them (at most 8: the 10 kv heads go in a run of 8 and one of 2)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (10, 10, 16)])
