@@ -280,6 +280,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void score_block_amx(
         top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
     }
 }
+#undef AMX_ROWS
 
 /* -- Pass 3 on AMX (bf16) -----------------------------------------------------------------------
  * A group of 32 keys' values weighted for all of a tile's query heads in tile products: the
