@@ -48,4 +48,6 @@ __attribute__((target("amx-tile"))) static void configure_tiles(void) {
     __asm__ volatile("ldtilecfg %0" : : "m"(c));
 }
 
+__attribute__((target("amx-tile"))) static void release_tiles(void) { _tile_release(); }
+
 #endif

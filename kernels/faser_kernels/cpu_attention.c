@@ -123,6 +123,12 @@ static inline long keys_seen(long pos_h, long j0) {
     return n <= 0 ? 0 : n < 16 ? n : 16;
 }
 
+/* A query head's scaled scores s of a block's first keys (m) into its row, and into its maximum. */
+static inline void keep_scores(float *row, __mmask16 m, __m512 s, __m512 *top) {
+    _mm512_mask_storeu_ps(row, m, s);
+    *top = _mm512_mask_max_ps(*top, m, *top, s);
+}
+
 /* Pass 1, one block: every query head's scores against keys j0 .. j0 + 15 (`rows`, staged),
  * scale * q . k, and their running maximum in top[h]. */
 static inline __attribute__((always_inline)) void score_block(const Attention *a,
@@ -145,10 +151,8 @@ static inline __attribute__((always_inline)) void score_block(const Attention *a
                 dot = _mm512_fmadd_ps(q[c], keys[j][c], dot);
             dots[j] = dot;
         }
-        __mmask16 m = tail_mask(n);
         __m512 s = _mm512_mul_ps(sum16(dots), _mm512_set1_ps(a->scale));
-        _mm512_mask_storeu_ps(tile->scores + h * tile->width + j0, m, s);
-        top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
+        keep_scores(tile->scores + h * tile->width + j0, tail_mask(n), s, &top[h]);
     }
 }
 
@@ -243,8 +247,6 @@ static inline void transpose_keys(const uint16_t *keys, long stride, long d, uin
     }
 }
 
-__attribute__((target("amx-tile"))) static void release_tiles(void) { _tile_release(); }
-
 /* One row tile's scores: rows r0 .. r0 + 15 of `packed` against the transposed keys, stored
  * [row][16 keys] `width` floats apart. */
 #define AMX_ROWS(r0, c)                                                                            \
@@ -275,9 +277,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void score_block_amx(
         if (!n) continue;
         __mmask16 m = tail_mask(n);
         float *row = tile->scores + h * tile->width + j0;
-        __m512 s = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row), scale);
-        _mm512_mask_storeu_ps(row, m, s);
-        top[h] = _mm512_mask_max_ps(top[h], m, top[h], s);
+        keep_scores(row, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row), scale), &top[h]);
     }
 }
 #undef AMX_ROWS

@@ -200,7 +200,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
         for (long p = num_panels * t / num_threads; p < end; p += 2)
             for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
                 amx_panels(a, x + m0 * a->k, p, p + 1 < end, m0);
-        _tile_release();
+        release_tiles();
     }
     free(x);
 }
