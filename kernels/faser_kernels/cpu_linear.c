@@ -17,7 +17,8 @@
  * the first costs the step compute, while a tile product takes 16 rows for the price of one.
  * The tiles read the same panels (a panel's k-pair rows are two B tiles side by side). Every
  * call on such a CPU takes the tiles, always with 16-row tiles (the rows past M are zeros), so
- * an output's bits still depend only on its own row.
+ * an output's bits still depend only on its own row: which of the two tile kernels takes it, and
+ * in which block of rows, changes only the order in which outputs are made, never how one sums.
  */
 #include "cpu_amx.h"
 #include <immintrin.h>
@@ -142,8 +143,30 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
 
 int faser_linear_uses_amx(void) { return amx_enabled(); }
 
-/* tmm0-3: four accumulators (two panels' halves), tmm4: the rows, tmm5-7: weights (configure_tiles,
- * cpu_amx.h). */
+/* Two kernels, each with four accumulators in tmm0-3 (configure_tiles, cpu_amx.h): one row tile
+ * against two panels (a decode's rows, every weight read once), and, for more rows, two row
+ * tiles against one panel, which loads a tile per product where the first loads 1.25. */
+
+/* The accumulators' sums to out: tile 2q + h holds rows m0 + 16 (q if `rows_by_q`) .. of panel
+ * p + q (else p), outputs h * 16 .. h * 16 + 15. */
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_store(const Linear *a, long p,
+                                                                   long m0, int num,
+                                                                   int rows_by_q) {
+    float c[4][TILE_ROWS][16] __attribute__((aligned(64)));
+    _tile_stored(0, c[0], 64);
+    _tile_stored(1, c[1], 64);
+    if (num > 1) {
+        _tile_stored(2, c[2], 64);
+        _tile_stored(3, c[3], 64);
+    }
+    for (int q = 0; q < num; q++) {
+        long row = rows_by_q ? m0 + q * TILE_ROWS : m0, panel = rows_by_q ? p : p + q;
+        long rows = a->m - row < TILE_ROWS ? a->m - row : TILE_ROWS;
+        for (long i = 0; i < rows; i++)
+            store_panel(a, row + i, panel * PANEL, _mm512_load_ps(c[2 * q][i]),
+                        _mm512_load_ps(c[2 * q + 1][i]), 1);
+    }
+}
 
 /* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
@@ -169,40 +192,69 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear
             _tile_dpbf16ps(3, 4, 5);
         }
     }
-    float c[4][TILE_ROWS][16] __attribute__((aligned(64)));
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    if (two) {
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
-    }
-    long rows = a->m - m0 < TILE_ROWS ? a->m - m0 : TILE_ROWS;
-    for (int q = 0; q < (two ? 2 : 1); q++)
-        for (long i = 0; i < rows; i++)
-            store_panel(a, m0 + i, (p + q) * PANEL, _mm512_load_ps(c[2 * q][i]),
-                        _mm512_load_ps(c[2 * q + 1][i]), 1);
+    amx_store(a, p, m0, two ? 2 : 1, 0);
 }
 
-/* x padded with zero rows to a multiple of TILE_ROWS (so tile loads never read past it). */
+/* Panel p for the 32 rows at x (row stride K), to out rows m0..: tmm4-5 the two row tiles,
+ * tmm6-7 the panel's halves. */
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_rows(const Linear *a,
+                                                                  const uint16_t *x, long p,
+                                                                  long m0) {
+    const long stride = a->k * 2;
+    const char *w = (const char *)a->w + p * a->k * PANEL * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
+        const char *b = w + k0 / 2 * PANEL * 4;
+        _tile_loadd(4, x + k0, stride);
+        _tile_loadd(6, b, 4 * PANEL);
+        _tile_loadd(7, b + 2 * PANEL, 4 * PANEL);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_loadd(5, x + TILE_ROWS * a->k + k0, stride);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    amx_store(a, p, m0, 2, 1);
+}
+
+/* Rows a block at a time, each thread its share of the panels in every block, so that a block's
+ * rows stay in the core's L2 while the panels stream past them (all the rows of a long prompt
+ * went through memory again for every panel). */
+#define ROW_BLOCK 256
+
+/* The rows at m0 as a tile operand: x itself where `span` whole rows follow, else a copy of its
+ * last rows padded with zeros, so that no tile load reads past x. */
+static const uint16_t *amx_rows_at(const Linear *a, const uint16_t *tail, long m0, long span) {
+    return m0 + span <= a->m ? (const uint16_t *)a->x + m0 * a->k : tail;
+}
+
 __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a) {
-    long rows = (a->m + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
-    uint16_t *x = aligned_alloc(64, (rows * a->k * 2 + 63) / 64 * 64);
-    if (!x) abort();
-    memcpy(x, a->x, a->m * a->k * 2);
-    memset(x + a->m * a->k, 0, (rows - a->m) * a->k * 2);
+    long span = a->m > TILE_ROWS ? 2 * TILE_ROWS : TILE_ROWS, whole = a->m / span * span;
+    uint16_t *tail = aligned_alloc(64, span * a->k * 2);
+    if (!tail) abort();
+    memcpy(tail, (const uint16_t *)a->x + whole * a->k, (a->m - whole) * a->k * 2);
+    memset(tail + (a->m - whole) * a->k, 0, (span - (a->m - whole)) * a->k * 2);
     long num_panels = (a->n + PANEL - 1) / PANEL;
 #pragma omp parallel
     {
-        /* each thread an even share of panels, taken two at a time (a last one alone) */
+        /* each thread an even share of panels (in one row tile, two at a time, a last one alone) */
         long t = omp_get_thread_num(), num_threads = omp_get_num_threads();
-        long end = num_panels * (t + 1) / num_threads;
+        long begin = num_panels * t / num_threads, end = num_panels * (t + 1) / num_threads;
         configure_tiles();
-        for (long p = num_panels * t / num_threads; p < end; p += 2)
-            for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
-                amx_panels(a, x + m0 * a->k, p, p + 1 < end, m0);
+        if (span == TILE_ROWS)
+            for (long p = begin; p < end; p += 2)
+                amx_panels(a, amx_rows_at(a, tail, 0, span), p, p + 1 < end, 0);
+        else
+            for (long block = 0; block < a->m; block += ROW_BLOCK)
+                for (long p = begin; p < end; p++)
+                    for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
+                        amx_rows(a, amx_rows_at(a, tail, m0, span), p, m0);
         release_tiles();
     }
-    free(x);
+    free(tail);
 }
 
 enum { F32, BF16, I8 };
