@@ -144,8 +144,8 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
 int faser_linear_uses_amx(void) { return amx_enabled(); }
 
 /* Two kernels, each with four accumulators in tmm0-3 (configure_tiles, cpu_amx.h): one row tile
- * against two panels (a decode's rows, every weight read once), and, for more rows, two row
- * tiles against one panel, which loads a tile per product where the first loads 1.25. */
+ * against two panels (a decode's or a verification's rows), and, for more rows, two row tiles
+ * against one panel, which loads a tile per product where the first loads 1.25. */
 
 /* The accumulators' sums to out: tile 2q + h holds rows m0 + 16 (q if `rows_by_q`) .. of panel
  * p + q (else p), outputs h * 16 .. h * 16 + 15. */
@@ -220,40 +220,42 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_rows(const Linear *
     amx_store(a, p, m0, 2, 1);
 }
 
-/* Rows a block at a time, each thread its share of the panels in every block, so that a block's
- * rows stay in the core's L2 while the panels stream past them (all the rows of a long prompt
- * went through memory again for every panel). */
+/* Up to this many rows, one row tile against two panels: a verification's few rows pad to
+ * fewer zero rows in 16-row tiles than in pairs of them. */
+#define FEW_ROWS 64
+/* Past it, rows a block at a time, each thread its share of the panels in every block, so that a
+ * block's rows stay in the core's L2 while the panels stream past them (all the rows of a long
+ * prompt went through memory again for every panel). */
 #define ROW_BLOCK 256
 
-/* The rows at m0 as a tile operand: x itself where `span` whole rows follow, else a copy of its
- * last rows padded with zeros, so that no tile load reads past x. */
-static const uint16_t *amx_rows_at(const Linear *a, const uint16_t *tail, long m0, long span) {
-    return m0 + span <= a->m ? (const uint16_t *)a->x + m0 * a->k : tail;
-}
-
+/* Whole tiles of rows are read from x in place, the rows after them from a copy padded with
+ * zeros, so that no tile load reads past x. */
 __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a) {
-    long span = a->m > TILE_ROWS ? 2 * TILE_ROWS : TILE_ROWS, whole = a->m / span * span;
+    long span = a->m > FEW_ROWS ? 2 * TILE_ROWS : TILE_ROWS; /* rows per kernel call */
+    long whole = a->m / span * span, left = a->m - whole;
     uint16_t *tail = aligned_alloc(64, span * a->k * 2);
     if (!tail) abort();
-    memcpy(tail, (const uint16_t *)a->x + whole * a->k, (a->m - whole) * a->k * 2);
-    memset(tail + (a->m - whole) * a->k, 0, (span - (a->m - whole)) * a->k * 2);
+    memcpy(tail, (const uint16_t *)a->x + whole * a->k, left * a->k * 2);
+    memset(tail + left * a->k, 0, (span - left) * a->k * 2);
     long num_panels = (a->n + PANEL - 1) / PANEL;
+#define ROWS_AT(m0) ((m0) < whole ? (const uint16_t *)a->x + (m0) * a->k : tail)
 #pragma omp parallel
     {
-        /* each thread an even share of panels (in one row tile, two at a time, a last one alone) */
         long t = omp_get_thread_num(), num_threads = omp_get_num_threads();
         long begin = num_panels * t / num_threads, end = num_panels * (t + 1) / num_threads;
         configure_tiles();
-        if (span == TILE_ROWS)
+        if (span == TILE_ROWS) /* two panels at a time, a last one alone */
             for (long p = begin; p < end; p += 2)
-                amx_panels(a, amx_rows_at(a, tail, 0, span), p, p + 1 < end, 0);
+                for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
+                    amx_panels(a, ROWS_AT(m0), p, p + 1 < end, m0);
         else
             for (long block = 0; block < a->m; block += ROW_BLOCK)
                 for (long p = begin; p < end; p++)
                     for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
-                        amx_rows(a, amx_rows_at(a, tail, m0, span), p, m0);
+                        amx_rows(a, ROWS_AT(m0), p, m0);
         release_tiles();
     }
+#undef ROWS_AT
     free(tail);
 }
 
