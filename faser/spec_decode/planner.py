@@ -75,7 +75,10 @@ def choose_k(
     orders = [sorted(candidates, key=lambda c: (-c[0], c[1]))]  # by survival
     if n > 1 and not drafted:  # drafts to make: their forwards cost per depth, not per token
         orders.append(sorted(candidates, key=lambda c: (c[1], -c[0])))  # breadth first
-    fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, draft_lags)
+    # the target's price at each count of draft rows, once for every walk
+    verify = [cost.verify_time(n, r, max(0, num_prefill_tokens))
+              for r in range(len(candidates) + 1)]
+    fresh = partial(_Step, cost, n, num_prefill_tokens, drafted, verify, draft_lags)
     base = fresh()
     deadlines = _savable(limits.tpot_deadlines_s, probs, base.total())
     if deadlines:
@@ -107,14 +110,15 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
     n = len(probs)
     gains, gained = [0.0] * n, 0.0
     remaining = sum(p for p, _, _ in order)
-    time_s, decode_s = step.total(), step.decode_total()
+    time_s = step.total()
+    decode_s = time_s - step.prefill_s
     best = _Walk([], n / decode_s if decode_s > 0 else 0.0,
                  _margin(limits, deadlines, gains, time_s), time_s)
     best_len = 0
     for length, (p, t, i) in enumerate(order, start=1):
         # once a draft token is in (the first may make the target's price a verification's,
         # not always dearer), times only grow: stop when not even every remaining token would win
-        bound = (n + gained + remaining) <= best.goodput * step.decode_total()
+        bound = (n + gained + remaining) <= best.goodput * decode_s
         if step.speculative and best.margin >= 1.0 and bound:
             break
         step.add(t, i)
@@ -122,8 +126,9 @@ def _walk(order, probs, step: _Step, limits: Limits, deadlines) -> _Walk:
         gained += p
         remaining -= p
         time_s = step.total()
+        decode_s = time_s - step.prefill_s
         margin = _margin(limits, deadlines, gains, time_s)
-        goodput = (n + gained) / step.decode_total()
+        goodput = (n + gained) / decode_s
         if margin >= 1.0:
             better = best.margin < 1.0 or goodput > best.goodput * (1.0 + 1e-9)
         else:
@@ -138,32 +143,36 @@ class _Step:
     requests with k_i > j (the first also over the tokens their drafts lag behind), then the
     target verifies every k_i + 1 rows and the prefill in one forward."""
 
-    __slots__ = ("cost", "draft_batches", "draft_s", "drafted", "lags", "num_prefill",
-                 "num_requests", "prefill_s", "rows")
+    __slots__ = ("cost", "draft_batches", "draft_costs", "draft_s", "drafted", "lags",
+                 "num_prefill", "num_requests", "prefill_s", "rows", "verify")
 
     def __init__(
         self, cost: CostModel, num_requests: int, num_prefill: int, drafted: bool,
-        lags: Sequence[float] = (),
+        verify: Sequence[float], lags: Sequence[float] = (),
     ) -> None:
-        self.cost, self.drafted, self.lags = cost, drafted, lags
+        """`verify[r]`: the target's forward with r draft rows (CostModel.verify_time)."""
+        self.cost, self.drafted, self.lags, self.verify = cost, drafted, lags, verify
         self.num_requests, self.num_prefill = num_requests, max(0, num_prefill)
         self.rows = num_requests
-        self.draft_batches: list[float] = []
+        self.draft_batches: list[float] = []  # requests (and lags) per draft forward
+        self.draft_costs: list[float] = []  # each forward's price so far
         self.draft_s = 0.0
         self.prefill_s = 0.0
         if self.num_prefill:
-            alone = cost.verify_time(num_requests)
-            self.prefill_s = cost.verify_time(num_requests, 0, self.num_prefill) - alone
+            self.prefill_s = verify[0] - cost.verify_time(num_requests)
 
     def add(self, position: int, request: int) -> None:
+        first = position == 0
         if position == len(self.draft_batches):
             self.draft_batches.append(0.0)
-        b = self.draft_batches[position]
-        fed = max(1.0, self.lags[request]) if position == 0 and request < len(self.lags) else 1.0
+            self.draft_costs.append(self.cost.draft_time(0.0, first))
+        b = self.draft_batches[position] + (
+            max(1.0, self.lags[request]) if first and request < len(self.lags) else 1.0)
         if not self.drafted:
-            first = position == 0
-            self.draft_s += self.cost.draft_time(b + fed, first) - self.cost.draft_time(b, first)
-        self.draft_batches[position] = b + fed
+            price = self.cost.draft_time(b, first)
+            self.draft_s += price - self.draft_costs[position]
+            self.draft_costs[position] = price
+        self.draft_batches[position] = b
         self.rows += 1
 
     @property
@@ -172,8 +181,7 @@ class _Step:
         return self.rows > self.num_requests
 
     def total(self) -> float:
-        num_drafts = self.rows - self.num_requests
-        return self.draft_s + self.cost.verify_time(self.num_requests, num_drafts, self.num_prefill)
+        return self.draft_s + self.verify[self.rows - self.num_requests]
 
     def decode_total(self) -> float:
         return self.total() - self.prefill_s
