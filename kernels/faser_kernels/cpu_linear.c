@@ -29,6 +29,16 @@
 
 #define PANEL 32
 #define MAX_ROWS 12
+/* The vector kernels prefetch each panel's stream this far ahead: the hardware prefetchers start
+ * over at every 4 KiB page and ramp up too slowly for a small weight read from memory (a draft's
+ * layers right after the target's forward), and a prefetch changes no bit. */
+#define PREFETCH_AHEAD 4096
+
+/* The `bytes` of a panel's stream that come PREFETCH_AHEAD after p. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const char *p, const int bytes) {
+    for (int line = 0; line < bytes; line += 64)
+        _mm_prefetch(p + PREFETCH_AHEAD + line, _MM_HINT_T0);
+}
 
 typedef struct {
     const void *x;      /* [M, K] bf16 or fp32, rows contiguous */
@@ -76,6 +86,7 @@ static inline __attribute__((always_inline)) void panel_pairs(const Linear *a, l
     const uint16_t *x = (const uint16_t *)a->x + m0 * a->k;
     for (long kp = 0; kp < a->k / 2; kp++) {
         __m512bh w0, w1;
+        prefetch_ahead(w + kp * 2 * PANEL * (INT8 ? 1 : 2), INT8 ? 64 : 128);
         if (INT8) {
             __m512i q = _mm512_loadu_si512(w + kp * 2 * PANEL);
             w0 = _mm512_cvtne2ps_pbh(widen_i8(_mm512_extracti32x4_epi32(q, 1)),
@@ -112,6 +123,7 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
     const float *w = (const float *)a->w + p * a->k * PANEL;
     const float *x = (const float *)a->x + m0 * a->k;
     for (long k = 0; k < a->k; k++) {
+        prefetch_ahead((const char *)(w + k * PANEL), 128);
         __m512 w0 = _mm512_loadu_ps(w + k * PANEL);
         __m512 w1 = _mm512_loadu_ps(w + k * PANEL + 16);
         for (int i = 0; i < ROWS; i++) {
