@@ -21,6 +21,7 @@
  * in which block of rows, changes only the order in which outputs are made, never how one sums.
  */
 #include "cpu_amx.h"
+#include "cpu_prefetch.h"
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,16 +30,6 @@
 
 #define PANEL 32
 #define MAX_ROWS 12
-/* The vector kernels prefetch each panel's stream this far ahead: the hardware prefetchers start
- * over at every 4 KiB page and ramp up too slowly for a small weight read from memory (a draft's
- * layers right after the target's forward), and a prefetch changes no bit. */
-#define PREFETCH_AHEAD 4096
-
-/* The `bytes` of a panel's stream that come PREFETCH_AHEAD after p. */
-static inline __attribute__((always_inline)) void prefetch_ahead(const char *p, const int bytes) {
-    for (int line = 0; line < bytes; line += 64)
-        _mm_prefetch(p + PREFETCH_AHEAD + line, _MM_HINT_T0);
-}
 
 typedef struct {
     const void *x;      /* [M, K] bf16 or fp32, rows contiguous */
@@ -123,7 +114,7 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
     const float *w = (const float *)a->w + p * a->k * PANEL;
     const float *x = (const float *)a->x + m0 * a->k;
     for (long k = 0; k < a->k; k++) {
-        prefetch_ahead((const char *)(w + k * PANEL), 128);
+        prefetch_ahead(w + k * PANEL, 128);
         __m512 w0 = _mm512_loadu_ps(w + k * PANEL);
         __m512 w1 = _mm512_loadu_ps(w + k * PANEL + 16);
         for (int i = 0; i < ROWS; i++) {

@@ -20,6 +20,7 @@
  * Q4_1 nibbles share a k row's bytes), as a whole panel's accumulators for three rows, its four
  * vectors and its scales do not fit the sixteen registers. The AVX2 build's float32 kernel is the
  * same walk over the float32 panel itself (PANELS_F32). */
+#include "cpu_prefetch.h"
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
@@ -184,6 +185,8 @@ static inline __attribute__((always_inline)) void register_rows(const Blocks *a,
     a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = _mm256_setzero_ps();
     for (long blk = 0; blk < num_blocks; blk++) {
         const uint8_t *block = panel + blk * a->block_bytes;
+        prefetch_ahead(block, a->block_bytes);
+        if (PANELS == 2) prefetch_ahead(block + panel_bytes, a->block_bytes);
         for (long kk = 0; kk < BLOCK; kk++) {
             long k = blk * BLOCK + kk;
             __m256 x0 = _mm256_broadcast_ss(a->x + k);
@@ -226,6 +229,7 @@ static inline __attribute__((always_inline)) void register_half(const Blocks *a,
     a0 = a1 = b0 = b1 = c0 = c1 = d0 = d1 = e0 = e1 = _mm256_setzero_ps();
     for (long blk = 0; blk < num_blocks; blk++) {
         const uint8_t *block = panel + blk * a->block_bytes;
+        prefetch_ahead(block, a->block_bytes);
         HalfScales scales = half_scales(block, a->format, col);
         for (long kk = 0; kk < BLOCK; kk++) {
             long k = blk * BLOCK + kk;
@@ -284,6 +288,7 @@ static void blocks_panel(const Blocks *a, long m0, long rows, long p, float *buf
         for (long b0 = 0; b0 < num_blocks; b0 += CHUNK) {
             long nb = num_blocks - b0 < CHUNK ? num_blocks - b0 : CHUNK;
             for (long b = 0; b < nb; b++) {
+                prefetch_ahead(panel + (b0 + b) * a->block_bytes, a->block_bytes);
                 dequantize_block(panel + (b0 + b) * a->block_bytes, a->format,
                                  buf + b * BLOCK * PANEL);
             }
