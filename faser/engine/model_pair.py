@@ -50,8 +50,9 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # a bf16 target's head rescores its leading candidates in float32 (only where memory is
     # plentiful: the float32 copy of the head is the size of the vocabulary's embedding)
     float32_head = config.dtype == "bfloat16" and config.device == "cpu"
+    weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
     target = load_model(target_dir, config.device, config.dtype, max_position,
-                        float32_head=float32_head)
+                        float32_head=float32_head, float32_linears=weight_format == "packed")
     draft, token_map, draft_dir = None, None, None
     if draft_name is not None:
         draft_dir = resolve(draft_name, "draft")
@@ -61,7 +62,6 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
         token_map = load_token_map(draft_dir)
         check_vocab(target, draft, token_map)
         check_features(target, draft)
-    weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
     draft_weights = resolve_draft_weights(config.draft_weights, weight_format, config.dtype)
     pack_weights(target, weight_format, config.device)
     if draft is not None:

@@ -12,8 +12,13 @@ from safetensors import safe_open
 from torch import nn
 
 from faser.models.registry import model_class
+from faser_kernels import cpu_linear
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# the attribute under which a bf16 model's linear layers keep their checkpoint's float32 values
+# until they are packed (faser.runner.weights): a checkpoint dequantized from GGUF's blocks stays
+# in them, which only the float32 values show
+CHECKPOINT_FLOAT32 = "checkpoint_float32"
 # config.json fields of the project's drafts (faser.distill): the number of output rows when it
 # is smaller than the input vocabulary, and whether the input embedding is the target's own (not
 # stored with the draft, lent by the target at load time)
@@ -48,10 +53,13 @@ def load_model(
     max_position: int,
     target_embedding: nn.Embedding | None = None,
     float32_head: bool = False,
+    float32_linears: bool = False,
 ) -> nn.Module:
     """target_embedding: the target's input embedding (on `device`, in `dtype`), lent to a draft
     whose config sets faser_tie_embedding_to_target; ignored for any other model. float32_head:
-    keep the head's checkpoint values in float32 too (LlamaForCausalLM.keep_float32_head)."""
+    keep the head's checkpoint values in float32 too (LlamaForCausalLM.keep_float32_head).
+    float32_linears: keep the float32 checkpoint values of each linear layer that GGUF's blocks
+    may hold beside it, under CHECKPOINT_FLOAT32, for packing (dropped with the layer)."""
     cfg = load_hf_config(path)
     model_cls = model_class(cfg)
     with torch.device("meta"):
@@ -66,6 +74,11 @@ def load_model(
     if model.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     head = model.lm_head.weight.detach().float().clone() if float32_head else None
+    if float32_linears and DTYPES[dtype] != torch.float32:
+        for module in model.modules():
+            if isinstance(module, nn.Linear) and cpu_linear.may_hold_blocks(module.weight):
+                # the float32 tensor itself: the conversion below gives the layer a new one
+                setattr(module, CHECKPOINT_FLOAT32, module.weight.detach())
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
     if head is not None:
         model.keep_float32_head(head.to(device))

@@ -12,7 +12,10 @@ it runs.
 A float32 model dequantized from a GGUF file (as the embedded default is: Q4_1 layers, a Q8_0
 embedding) keeps each linear weight that GGUF's Q4_1 or Q8_0 holds exactly in those blocks
 (cpu_linear.pack_blocks): 0.75 or 1.125 bytes a weight instead of 4, dequantized in the kernel
-to the same float32 weights, so the same bits out.
+to the same float32 weights, so the same bits out. A bf16 model loaded from such a checkpoint
+keeps them too, from the float32 values the loader kept beside each bf16 layer
+(faser.models.loader.CHECKPOINT_FLOAT32), instead of 2 bytes: the kernel rounds each weight to
+bf16 as it dequantizes it, as the load did.
 
 A draft's packed weights may be quantized (`DRAFT_WEIGHTS`): a draft step streams its weights
 from memory after the target's have flushed the caches, and int8 (bf16 engines) halves those
@@ -27,6 +30,7 @@ import dataclasses
 import torch
 from torch import nn
 
+from faser.models.loader import CHECKPOINT_FLOAT32
 from faser_kernels import cpu_linear, huge_pages
 
 WEIGHT_FORMATS = ("auto", "dense", "packed")
@@ -50,7 +54,7 @@ class RowInvariantLinear(nn.Module):
         elif quantized == "int8":
             self.packed = cpu_linear.pack_weight(weight, int8=True)
         else:
-            blocks = cpu_linear.pack_blocks(weight)
+            blocks = cpu_linear.pack_blocks(_checkpoint_weight(linear), weight.dtype)
             self.packed = blocks if blocks is not None else cpu_linear.pack_weight(weight)
         bias = linear.bias
         self.register_buffer(
@@ -59,6 +63,16 @@ class RowInvariantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
         return cpu_linear.linear(x, self.packed, self.bias)
+
+
+def _checkpoint_weight(linear: nn.Linear) -> torch.Tensor:
+    """The float32 values a bf16 layer was rounded from, where the loader kept them
+    (faser.models.loader.CHECKPOINT_FLOAT32), else its own weight."""
+    weight = linear.weight.detach()
+    kept = getattr(linear, CHECKPOINT_FLOAT32, None)
+    if kept is None or weight.dtype != torch.bfloat16 or not torch.equal(kept.bfloat16(), weight):
+        return weight
+    return kept
 
 
 def resolve_weight_format(weight_format: str, device: str, dtype: str) -> str:

@@ -39,7 +39,7 @@ typedef struct {
     float eps, scale;
     int bf16;
     /* [num_layers][4]: the format of qkv, o, gate_up and down: 0 the dtype's panels, else GGUF's
-     * blocks (cpu_linear_blocks.c's codes, float32 only) */
+     * blocks (cpu_linear_blocks.c's codes; in bf16, of the weight before its rounding) */
     const int32_t *blocks;
     /* buffers: x [n, hidden] (in: the last layer's output; out: this run's), residual [n, hidden]
      * float32 (in and out; has_residual 0 at the first layer), and scratch */
@@ -70,12 +70,14 @@ typedef struct {
 
 static void linear(const Layers *a, const void *x, const void *w, const float *scale,
                    const void *bias, void *out, long n, long k, int blocks) {
-    if (blocks) {
+    if (blocks && !a->bf16) {
         faser_linear_blocks(x, w, bias, out, a->num_tokens, n, k, blocks);
         return;
     }
 #ifdef __AVX512F__
-    if (scale)
+    if (blocks)
+        faser_linear_blocks_bf16(x, w, bias, out, a->num_tokens, n, k, blocks);
+    else if (scale)
         faser_linear_i8(x, w, scale, bias, out, a->num_tokens, n, k);
     else if (a->bf16)
         faser_linear_bf16(x, w, bias, out, a->num_tokens, n, k);

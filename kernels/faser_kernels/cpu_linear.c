@@ -8,6 +8,8 @@
  *   bf16: [num_panels, K / 2, PANEL, 2] (k pairs, as vdpbf16ps takes them)
  *   fp32: [num_panels, K, PANEL]
  *   int8: as bf16, with a float32 scale per output (a draft's weights: half the bytes to stream)
+ *   GGUF's blocks of a weight that a bf16 model holds rounded (cpu_linear_blocks.c's layout):
+ *   dequantized into bf16 panels as a call goes (below)
  * Each panel is multiplied with up to MAX_ROWS rows at a time, all held in registers. An int8
  * weight is widened to bf16 in registers (every int8 is exact in bf16) and its scale applied
  * once per output, after the sum, so the sum walks k as the bf16 kernel's does.
@@ -31,6 +33,8 @@
 #define PANEL 32
 #define MAX_ROWS 12
 
+#include "cpu_linear_blocks.c"
+
 typedef struct {
     const void *x;      /* [M, K] bf16 or fp32, rows contiguous */
     const void *w;      /* packed, see above */
@@ -38,6 +42,7 @@ typedef struct {
     const float *bias;  /* [N] or NULL */
     void *out;          /* [M, N] bf16 or fp32 */
     long m, n, k;
+    int blocks; /* a bf16 weight held in GGUF's blocks: cpu_linear_blocks.c's code; else 0 */
 } Linear;
 
 static inline void store_panel(const Linear *a, long row, long n0, __m512 lo, __m512 hi,
@@ -67,13 +72,14 @@ static inline void store_panel(const Linear *a, long row, long n0, __m512 lo, __
 /* 16 int8 (8 outputs' k pairs) as 16 floats. */
 static inline __m512 widen_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
 
-/* Rows [m0, m0 + ROWS) of panel p of a bf16 (INT8 0) or int8 (INT8 1) weight, both taken as bf16
- * k-pairs; ROWS and INT8 are constants in every call, so acc lives in registers. */
-static inline __attribute__((always_inline)) void panel_pairs(const Linear *a, long p, long m0,
-                                                              const int ROWS, const int INT8) {
+/* Rows [m0, m0 + ROWS) of panel p (its data at w) of a bf16 (INT8 0) or int8 (INT8 1) weight,
+ * both taken as bf16 k-pairs; ROWS and INT8 are constants in every call, so acc lives in
+ * registers. */
+static inline __attribute__((always_inline)) void panel_pairs(const Linear *a, const char *w,
+                                                              long p, long m0, const int ROWS,
+                                                              const int INT8) {
     __m512 acc[MAX_ROWS][2];
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const char *w = (const char *)a->w + p * a->k * PANEL * (INT8 ? 1 : 2);
     const uint16_t *x = (const uint16_t *)a->x + m0 * a->k;
     for (long kp = 0; kp < a->k / 2; kp++) {
         __m512bh w0, w1;
@@ -97,21 +103,21 @@ static inline __attribute__((always_inline)) void panel_pairs(const Linear *a, l
     for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 1);
 }
 
-static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, long p, long m0,
-                                                             const int ROWS) {
-    panel_pairs(a, p, m0, ROWS, 0);
+static inline __attribute__((always_inline)) void panel_bf16(const Linear *a, const char *w,
+                                                             long p, long m0, const int ROWS) {
+    panel_pairs(a, w, p, m0, ROWS, 0);
 }
 
-static inline __attribute__((always_inline)) void panel_i8(const Linear *a, long p, long m0,
-                                                           const int ROWS) {
-    panel_pairs(a, p, m0, ROWS, 1);
+static inline __attribute__((always_inline)) void panel_i8(const Linear *a, const char *w, long p,
+                                                           long m0, const int ROWS) {
+    panel_pairs(a, w, p, m0, ROWS, 1);
 }
 
-static inline __attribute__((always_inline)) void panel_f32(const Linear *a, long p, long m0,
-                                                            const int ROWS) {
+static inline __attribute__((always_inline)) void panel_f32(const Linear *a, const char *panel,
+                                                            long p, long m0, const int ROWS) {
     __m512 acc[MAX_ROWS][2];
     for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    const float *w = (const float *)a->w + p * a->k * PANEL;
+    const float *w = (const float *)panel;
     const float *x = (const float *)a->x + m0 * a->k;
     for (long k = 0; k < a->k; k++) {
         prefetch_ahead(w + k * PANEL, 128);
@@ -126,21 +132,104 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, lon
     for (int i = 0; i < ROWS; i++) store_panel(a, m0 + i, p * PANEL, acc[i][0], acc[i][1], 0);
 }
 
-#define DISPATCH(fn, a, p, m0, rows)                                                               \
+#define DISPATCH(fn, a, w, p, m0, rows)                                                            \
     switch (rows) {                                                                                \
-    case 1: fn(a, p, m0, 1); break;                                                                \
-    case 2: fn(a, p, m0, 2); break;                                                                \
-    case 3: fn(a, p, m0, 3); break;                                                                \
-    case 4: fn(a, p, m0, 4); break;                                                                \
-    case 5: fn(a, p, m0, 5); break;                                                                \
-    case 6: fn(a, p, m0, 6); break;                                                                \
-    case 7: fn(a, p, m0, 7); break;                                                                \
-    case 8: fn(a, p, m0, 8); break;                                                                \
-    case 9: fn(a, p, m0, 9); break;                                                                \
-    case 10: fn(a, p, m0, 10); break;                                                              \
-    case 11: fn(a, p, m0, 11); break;                                                              \
-    default: fn(a, p, m0, 12); break;                                                              \
+    case 1: fn(a, w, p, m0, 1); break;                                                             \
+    case 2: fn(a, w, p, m0, 2); break;                                                             \
+    case 3: fn(a, w, p, m0, 3); break;                                                             \
+    case 4: fn(a, w, p, m0, 4); break;                                                             \
+    case 5: fn(a, w, p, m0, 5); break;                                                             \
+    case 6: fn(a, w, p, m0, 6); break;                                                             \
+    case 7: fn(a, w, p, m0, 7); break;                                                             \
+    case 8: fn(a, w, p, m0, 8); break;                                                             \
+    case 9: fn(a, w, p, m0, 9); break;                                                             \
+    case 10: fn(a, w, p, m0, 10); break;                                                           \
+    case 11: fn(a, w, p, m0, 11); break;                                                           \
+    default: fn(a, w, p, m0, 12); break;                                                           \
     }
+
+/* -- bf16 over GGUF's blocks ---------------------------------------------------------------------
+ * A float32 checkpoint dequantized from a GGUF file, loaded in bf16, holds each weight rounded to
+ * bf16. Its blocks (cpu_linear.pack_blocks) take 0.75 or 1.125 bytes a weight against bf16's 2;
+ * a call dequantizes each of its panels into a bf16 panel (pack_weight's layout) and multiplies
+ * that as it would the packed bf16 weight: the same weights in the same order, the same bits. */
+
+/* Row kk of a block, all PANEL columns, as float32: the values cpu_linear_blocks.c's
+ * dequantize_row gives (the same fma or product per column), sixteen columns a vector. */
+static inline __attribute__((always_inline)) void dequantize_row16(const uint8_t *block, long kk,
+                                                                   int format, const __m512 *d,
+                                                                   const __m512 *m, __m512 *lo,
+                                                                   __m512 *hi) {
+    if (format == BLOCKS_Q4_1) { /* byte j: column j's q in its low nibble, j + 16's high */
+        __m512i q = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128((const __m128i *)(block + 2 * SCALES + kk * PANEL / 2)));
+        *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0F))),
+                              d[0], m[0]);
+        *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d[1], m[1]);
+    } else {
+        const int8_t *q = (const int8_t *)(block + SCALES) + kk * PANEL;
+        *lo = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), d[0]);
+        *hi = _mm512_mul_ps(
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))),
+            d[1]);
+    }
+}
+
+/* Block blk of panel p of a.w's blocks as the bf16 panel's BLOCK / 2 k-pair rows at out: each
+ * weight dequantized to float32 as the float32 kernel does, then rounded to nearest even, as
+ * torch rounds the float32 checkpoint (a block's weights are zeros or far above float32's
+ * denormals, which the conversion flushes). */
+static inline __attribute__((always_inline)) void dequantize_bf16_block(const Linear *a, long p,
+                                                                        long blk,
+                                                                        uint16_t *out) {
+    long block_bytes = a->blocks == BLOCKS_Q4_1 ? Q4_BYTES : Q8_BYTES;
+    const uint8_t *block = (const uint8_t *)a->w + (p * (a->k / BLOCK) + blk) * block_bytes;
+    /* a column's two k as a pair: even k in the low half of each 32-bit lane */
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                           24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                           16, 0);
+    const float *scales = (const float *)block;
+    prefetch_ahead(block, block_bytes);
+    __m512 d[2] = {_mm512_loadu_ps(scales), _mm512_loadu_ps(scales + 16)}, m[2] = {d[0], d[1]};
+    if (a->blocks == BLOCKS_Q4_1) {
+        m[0] = _mm512_loadu_ps(scales + PANEL);
+        m[1] = _mm512_loadu_ps(scales + PANEL + 16);
+    }
+    for (long kk = 0; kk < BLOCK; kk += 2) {
+        __m512 even_lo, even_hi, odd_lo, odd_hi;
+        dequantize_row16(block, kk, a->blocks, d, m, &even_lo, &even_hi);
+        dequantize_row16(block, kk + 1, a->blocks, d, m, &odd_lo, &odd_hi);
+        uint16_t *row = out + kk * PANEL; /* k pair kk / 2 */
+        __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(odd_lo, even_lo);
+        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(odd_hi, even_hi);
+        _mm512_storeu_si512(row, _mm512_permutexvar_epi16(pairs, lo));
+        _mm512_storeu_si512(row + 2 * 16, _mm512_permutexvar_epi16(pairs, hi));
+    }
+}
+
+/* Panel p of a.w's blocks as the bf16 panel of the weight ([K / 2, PANEL, 2]). */
+static void dequantize_bf16_panel(const Linear *a, long p, uint16_t *out) {
+    for (long blk = 0; blk < a->k / BLOCK; blk++)
+        dequantize_bf16_block(a, p, blk, out + blk * BLOCK * PANEL);
+}
+
+/* The data of panels p .. p + count - 1 of a bf16 weight: in place, or its blocks dequantized
+ * into buf (room for two bf16 panels). */
+static const char *bf16_panels(const Linear *a, long p, long count, uint16_t *buf) {
+    long panel_bytes = a->k * PANEL * 2;
+    if (!a->blocks) return (const char *)a->w + p * panel_bytes;
+    for (long i = 0; i < count; i++) dequantize_bf16_panel(a, p + i, buf + i * panel_bytes / 2);
+    return (const char *)buf;
+}
+
+/* A thread's buffer for bf16_panels, NULL when the weight is not in blocks. */
+static uint16_t *panel_buffer(const Linear *a) {
+    if (!a->blocks) return NULL;
+    uint16_t *buf = aligned_alloc(64, 2 * a->k * PANEL * 2);
+    if (!buf) abort();
+    return buf;
+}
 
 /* -- AMX: bf16 weights on the tiles ------------------------------------------------------------ */
 
@@ -171,12 +260,13 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_store(const Linear 
     }
 }
 
-/* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
+/* Panels p and p + 1 (if `two`; their data at w, one after the other) for the 16 rows at x (row
+ * stride K), to out rows m0.. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
-                                                                    const uint16_t *x, long p,
+                                                                    const uint16_t *x,
+                                                                    const char *w, long p,
                                                                     int two, long m0) {
     const long stride = a->k * 2, panel = a->k * PANEL * 2; /* bytes */
-    const char *w = (const char *)a->w + p * panel;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -198,13 +288,42 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear
     amx_store(a, p, m0, two ? 2 : 1, 0);
 }
 
-/* Panel p for the 32 rows at x (row stride K), to out rows m0..: tmm4-5 the two row tiles,
- * tmm6-7 the panel's halves. */
+/* As amx_panels for a weight in blocks and at most 16 rows: each block of the two panels
+ * dequantized just before its products, into L1, instead of whole panels into a buffer first. */
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_block_panels(const Linear *a,
+                                                                          const uint16_t *x,
+                                                                          long p, int two) {
+    uint16_t b[2][BLOCK * PANEL] __attribute__((aligned(64))); /* a block of each panel */
+    const long stride = a->k * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
+        dequantize_bf16_block(a, p, k0 / BLOCK, b[0]);
+        _tile_loadd(4, x + k0, stride);
+        _tile_loadd(5, b[0], 4 * PANEL);
+        _tile_loadd(6, b[0] + PANEL, 4 * PANEL);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        if (two) {
+            dequantize_bf16_block(a, p + 1, k0 / BLOCK, b[1]);
+            _tile_loadd(7, b[1], 4 * PANEL);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, b[1] + PANEL, 4 * PANEL);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    amx_store(a, p, 0, two ? 2 : 1, 0);
+}
+
+/* Panel p (its data at w) for the 32 rows at x (row stride K), to out rows m0..: tmm4-5 the two
+ * row tiles, tmm6-7 the panel's halves. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_rows(const Linear *a,
-                                                                  const uint16_t *x, long p,
+                                                                  const uint16_t *x,
+                                                                  const char *w, long p,
                                                                   long m0) {
     const long stride = a->k * 2;
-    const char *w = (const char *)a->w + p * a->k * PANEL * 2;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -246,17 +365,28 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
     {
         long t = omp_get_thread_num(), num_threads = omp_get_num_threads();
         long begin = num_panels * t / num_threads, end = num_panels * (t + 1) / num_threads;
+        uint16_t *buf = panel_buffer(a);
         configure_tiles();
         if (span == TILE_ROWS) /* two panels at a time, a last one alone */
-            for (long p = begin; p < end; p += 2)
+            for (long p = begin; p < end; p += 2) {
+                int two = p + 1 < end;
+                if (a->blocks && a->m <= TILE_ROWS) {
+                    amx_block_panels(a, ROWS_AT(0), p, two);
+                    continue;
+                }
+                const char *w = bf16_panels(a, p, two ? 2 : 1, buf);
                 for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
-                    amx_panels(a, ROWS_AT(m0), p, p + 1 < end, m0);
+                    amx_panels(a, ROWS_AT(m0), w, p, two, m0);
+            }
         else
             for (long block = 0; block < a->m; block += ROW_BLOCK)
-                for (long p = begin; p < end; p++)
+                for (long p = begin; p < end; p++) {
+                    const char *w = bf16_panels(a, p, 1, buf);
                     for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
-                        amx_rows(a, ROWS_AT(m0), p, m0);
+                        amx_rows(a, ROWS_AT(m0), w, p, m0);
+                }
         release_tiles();
+        free(buf);
     }
 #undef ROWS_AT
     free(tail);
@@ -270,18 +400,26 @@ static void run(const Linear *a, int format) {
         return;
     }
     long num_panels = (a->n + PANEL - 1) / PANEL;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long p = 0; p < num_panels; p++) {
-        for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
-            long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
-            if (format == BF16) {
-                DISPATCH(panel_bf16, a, p, m0, rows);
-            } else if (format == I8) {
-                DISPATCH(panel_i8, a, p, m0, rows);
-            } else {
-                DISPATCH(panel_f32, a, p, m0, rows);
+    long panel_bytes = a->k * PANEL * (format == F32 ? 4 : format == BF16 ? 2 : 1);
+#pragma omp parallel
+    {
+        uint16_t *buf = panel_buffer(a);
+#pragma omp for schedule(dynamic, 1)
+        for (long p = 0; p < num_panels; p++) {
+            const char *w = format == BF16 ? bf16_panels(a, p, 1, buf)
+                                           : (const char *)a->w + p * panel_bytes;
+            for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
+                long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
+                if (format == BF16) {
+                    DISPATCH(panel_bf16, a, w, p, m0, rows);
+                } else if (format == I8) {
+                    DISPATCH(panel_i8, a, w, p, m0, rows);
+                } else {
+                    DISPATCH(panel_f32, a, w, p, m0, rows);
+                }
             }
         }
+        free(buf);
     }
 }
 
@@ -304,4 +442,11 @@ void faser_linear_i8(const void *x, const void *w, const float *scale, const flo
     run(&a, I8);
 }
 
-#include "cpu_linear_blocks.c"
+/* x bf16, w GGUF's blocks (cpu_linear.pack_blocks, `format` their code) of a float32 weight,
+ * multiplied as that weight rounded to bf16; out bf16: faser_linear_bf16's bits over the rounded
+ * weight's panels. */
+void faser_linear_blocks_bf16(const void *x, const uint8_t *w, const float *bias, void *out,
+                              long m, long n, long k, int format) {
+    Linear a = {x, w, NULL, bias, out, m, n, k, format};
+    run(&a, BF16);
+}

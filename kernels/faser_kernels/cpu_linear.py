@@ -5,6 +5,9 @@ Row m of an M-row call has the bits of a one-row call, for any M: each output is
 accumulator over k in a fixed order. The weight is packed once into the kernel's panels, which
 it streams once per call whatever M is, so verifying k + 1 positions costs about one decode.
 Where the CPU has AMX, bf16 weights are multiplied on its tiles (cpu_linear.c says why).
+A float32 weight that GGUF's Q4_1 or Q8_0 blocks hold exactly (a checkpoint dequantized from a
+GGUF file) stays in those blocks (`pack_blocks`), for float32 inputs or, rounded to bf16 as the
+kernel dequantizes it, for bf16 ones: a third to a half of the bytes, the same bits.
 A draft's weights may be packed in int8 with a scale per output (`pack_weight(w, int8=True)`):
 half the bytes of bf16 to stream, for bf16 inputs; or, for float32 inputs, rounded into GGUF's
 Q8_0 blocks (`quantize_q8_0`): 1.125 bytes a weight against 4. Never the target's, whose output
@@ -43,12 +46,16 @@ class PackedWeight:
     k: int
     scale: torch.Tensor | None = None  # [n] float32: an int8 weight's per-output scale
     blocks: str | None = None  # a float32 weight's GGUF format (BLOCK_FORMATS), else None
+    # what the blocks are multiplied as: the float32 weight, or it rounded to bf16 (a bf16 model
+    # loaded from the float32 checkpoint holds that)
+    block_dtype: torch.dtype = torch.float32
 
     @property
     def dtype(self) -> torch.dtype:
-        """The inputs' (and outputs') dtype: an int8 weight takes bf16, GGUF's blocks float32."""
+        """The inputs' (and outputs') dtype: an int8 weight takes bf16, GGUF's blocks their
+        block_dtype."""
         if self.blocks is not None:
-            return torch.float32
+            return self.block_dtype
         return torch.bfloat16 if self.data.dtype == torch.int8 else self.data.dtype
 
 
@@ -84,20 +91,31 @@ def pack_weight(weight: torch.Tensor, int8: bool = False) -> PackedWeight:  # [n
     return PackedWeight(data.contiguous(), n, k, scale)
 
 
-def pack_blocks(weight: torch.Tensor) -> PackedWeight | None:
+def pack_blocks(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> PackedWeight | None:
     """A float32 [n, k] weight that GGUF's Q4_1 or Q8_0 holds exactly, as a checkpoint dequantized
     from such a file does, in those blocks (cpu_linear_blocks.c): per panel and block of BLOCK k,
     the panel's scales in float32, then its q: 0.75 (Q4_1) or 1.125 (Q8_0) bytes a weight against
-    float32's 4, for the same bits out. None for any other weight."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK:
+    float32's 4, for the same bits out. `dtype` bfloat16: multiplied as `weight.bfloat16()` (the
+    weight a bf16 model loaded from that checkpoint holds), against bf16's 2 bytes a weight, for
+    the bits of its bf16 panels. None for any other weight."""
+    if not may_hold_blocks(weight):
         return None
     n, k = weight.shape
     blocks = weight.detach().reshape(-1, BLOCK)
     for name, find in (("q4_1", _q4_1), ("q8_0", _q8_0)):
         # a few blocks first: a weight of no such file fails there, at a small part of the cost
         if find(blocks[:SAMPLE_BLOCKS]) is not None and (found := find(blocks)) is not None:
-            return PackedWeight(_panels(n, k, *found), n, k, blocks=name)
+            return PackedWeight(_panels(n, k, *found), n, k, blocks=name, block_dtype=dtype)
     return None
+
+
+def may_hold_blocks(weight: torch.Tensor) -> bool:
+    """Whether `pack_blocks` may find a float32 weight's blocks: its first few blocks are
+    GGUF's (the rest is only known by packing it)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK:
+        return False
+    sample = weight.detach().reshape(-1, BLOCK)[:SAMPLE_BLOCKS]
+    return _q4_1(sample) is not None or _q8_0(sample) is not None
 
 
 def quantize_q8_0(weight: torch.Tensor) -> PackedWeight:
@@ -222,8 +240,10 @@ def linear(
                                    b, out.data_ptr(), m, weight.n, weight.k)
         return out
     if weight.blocks is not None:
-        _library().faser_linear_blocks(x.data_ptr(), weight.data.data_ptr(), b, out.data_ptr(), m,
-                                       weight.n, weight.k, BLOCK_FORMATS[weight.blocks])
+        run = _library().faser_linear_blocks_bf16 if x.dtype == torch.bfloat16 else \
+            _library().faser_linear_blocks
+        run(x.data_ptr(), weight.data.data_ptr(), b, out.data_ptr(), m, weight.n, weight.k,
+            BLOCK_FORMATS[weight.blocks])
         return out
     run = _library().faser_linear_bf16 if x.dtype == torch.bfloat16 else \
         _library().faser_linear_f32
@@ -256,6 +276,7 @@ def _library() -> ctypes.CDLL:
         "faser_linear_f32": [ptr] * 4 + [long] * 3,
         "faser_linear_i8": [ptr] * 5 + [long] * 3,
         "faser_linear_blocks": [ptr] * 4 + [long] * 3 + [ctypes.c_int],
+        "faser_linear_blocks_bf16": [ptr] * 4 + [long] * 3 + [ctypes.c_int],
     }
     for name, argtypes in signatures.items():
         if hasattr(lib, name):

@@ -1,7 +1,9 @@
 """Float32 weights held in GGUF's blocks (cpu_linear_blocks.c): a weight dequantized from Q4_1 or
 Q8_0 by the gguf package packs in 0.75 or 1.125 bytes a weight against float32's 4, its twin
 (unpack_blocks) gives back its bits, and the kernel gives the float32 panels' bits for every row
-count; any other weight keeps the float32 panels."""
+count; any other weight keeps the float32 panels. Multiplied as bf16 (cpu_linear.c), the blocks
+give the bits of the bf16 panels of the weight rounded to bf16, on both of the AMX kernels' paths
+(a few rows, and row blocks past 64)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,23 @@ def test_blocks_give_the_float32_panels_bits(blocks, n, k):
     torch.manual_seed(k)
     bias, x = torch.randn(n), torch.randn(100, k)
     for m in (1, 2, 3, 4, 5, 13, 48, 49, 100):  # 48 rows' accumulators per thread, then more
+        got = cpu_linear.linear(x[:m], packed, bias)
+        assert torch.equal(got, cpu_linear.linear(x[:m], panels, bias)), (blocks, m)
+
+
+@pytest.mark.parametrize("blocks", sorted(FORMATS))
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_blocks_in_bf16_give_the_rounded_weights_bf16_panels_bits(blocks, n, k):
+    if (reason := cpu_linear.unavailable_reason(torch.bfloat16)) is not None:
+        pytest.skip(reason)
+    weight = gguf_weight(n, k, FORMATS[blocks][0])
+    weight[0, :32] = 0.0  # a block of zeros
+    packed = cpu_linear.pack_blocks(weight, torch.bfloat16)
+    assert packed is not None and packed.blocks == blocks and packed.dtype == torch.bfloat16
+    panels = cpu_linear.pack_weight(weight.bfloat16())
+    torch.manual_seed(k)
+    bias, x = torch.randn(n), torch.randn(300, k).bfloat16()
+    for m in (1, 2, 5, 16, 17, 64, 70, 300):
         got = cpu_linear.linear(x[:m], packed, bias)
         assert torch.equal(got, cpu_linear.linear(x[:m], panels, bias)), (blocks, m)
 
