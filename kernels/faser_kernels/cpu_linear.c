@@ -214,19 +214,17 @@ static void dequantize_bf16_panel(const Linear *a, long p, uint16_t *out) {
         dequantize_bf16_block(a, p, blk, out + blk * BLOCK * PANEL);
 }
 
-/* The data of panels p .. p + count - 1 of a bf16 weight: in place, or its blocks dequantized
- * into buf (room for two bf16 panels). */
-static const char *bf16_panels(const Linear *a, long p, long count, uint16_t *buf) {
-    long panel_bytes = a->k * PANEL * 2;
-    if (!a->blocks) return (const char *)a->w + p * panel_bytes;
-    for (long i = 0; i < count; i++) dequantize_bf16_panel(a, p + i, buf + i * panel_bytes / 2);
+/* The data of panel p of a bf16 weight: in place, or its blocks dequantized into buf. */
+static const char *bf16_panel(const Linear *a, long p, uint16_t *buf) {
+    if (!a->blocks) return (const char *)a->w + p * a->k * PANEL * 2;
+    dequantize_bf16_panel(a, p, buf);
     return (const char *)buf;
 }
 
-/* A thread's buffer for bf16_panels, NULL when the weight is not in blocks. */
+/* A thread's buffer for bf16_panel, NULL when the weight is not in blocks. */
 static uint16_t *panel_buffer(const Linear *a) {
     if (!a->blocks) return NULL;
-    uint16_t *buf = aligned_alloc(64, 2 * a->k * PANEL * 2);
+    uint16_t *buf = aligned_alloc(64, a->k * PANEL * 2);
     if (!buf) abort();
     return buf;
 }
@@ -260,13 +258,12 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_store(const Linear 
     }
 }
 
-/* Panels p and p + 1 (if `two`; their data at w, one after the other) for the 16 rows at x (row
- * stride K), to out rows m0.. */
+/* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
-                                                                    const uint16_t *x,
-                                                                    const char *w, long p,
+                                                                    const uint16_t *x, long p,
                                                                     int two, long m0) {
     const long stride = a->k * 2, panel = a->k * PANEL * 2; /* bytes */
+    const char *w = (const char *)a->w + p * panel;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -289,7 +286,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear
 }
 
 /* As amx_panels for a weight in blocks and at most 16 rows: each block of the two panels
- * dequantized just before its products, into L1, instead of whole panels into a buffer first. */
+ * dequantized into L1 just before its products. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_block_panels(const Linear *a,
                                                                           const uint16_t *x,
                                                                           long p, int two) {
@@ -315,6 +312,34 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_block_panels(const 
         }
     }
     amx_store(a, p, 0, two ? 2 : 1, 0);
+}
+
+/* As amx_rows for a weight in blocks: panel p for the 16 rows at x0 and, unless x1 is NULL, the
+ * 16 at x1 (rows m0 + 16..), each block dequantized into L1 just before its products. */
+__attribute__((target("amx-tile,amx-bf16"))) static void amx_block_rows(const Linear *a,
+                                                                        const uint16_t *x0,
+                                                                        const uint16_t *x1,
+                                                                        long p, long m0) {
+    uint16_t b[BLOCK * PANEL] __attribute__((aligned(64))); /* a block of the panel */
+    const long stride = a->k * 2;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
+        dequantize_bf16_block(a, p, k0 / BLOCK, b);
+        _tile_loadd(6, b, 4 * PANEL);
+        _tile_loadd(7, b + PANEL, 4 * PANEL);
+        _tile_loadd(4, x0 + k0, stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (x1) {
+            _tile_loadd(5, x1 + k0, stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    amx_store(a, p, m0, x1 ? 2 : 1, 1);
 }
 
 /* Panel p (its data at w) for the 32 rows at x (row stride K), to out rows m0..: tmm4-5 the two
@@ -367,21 +392,23 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
         long begin = num_panels * t / num_threads, end = num_panels * (t + 1) / num_threads;
         uint16_t *buf = panel_buffer(a);
         configure_tiles();
-        if (span == TILE_ROWS) /* two panels at a time, a last one alone */
-            for (long p = begin; p < end; p += 2) {
-                int two = p + 1 < end;
-                if (a->blocks && a->m <= TILE_ROWS) {
-                    amx_block_panels(a, ROWS_AT(0), p, two);
-                    continue;
-                }
-                const char *w = bf16_panels(a, p, two ? 2 : 1, buf);
+        if (span == TILE_ROWS && a->blocks) /* each block dequantized into L1 as it is used */
+            for (long p = begin; p < end; p += a->m <= TILE_ROWS ? 2 : 1)
+                if (a->m <= TILE_ROWS)
+                    amx_block_panels(a, ROWS_AT(0), p, p + 1 < end);
+                else
+                    for (long m0 = 0; m0 < a->m; m0 += 2 * TILE_ROWS)
+                        amx_block_rows(a, ROWS_AT(m0),
+                                       m0 + TILE_ROWS < a->m ? ROWS_AT(m0 + TILE_ROWS) : NULL, p,
+                                       m0);
+        else if (span == TILE_ROWS) /* two panels at a time, a last one alone */
+            for (long p = begin; p < end; p += 2)
                 for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
-                    amx_panels(a, ROWS_AT(m0), w, p, two, m0);
-            }
+                    amx_panels(a, ROWS_AT(m0), p, p + 1 < end, m0);
         else
             for (long block = 0; block < a->m; block += ROW_BLOCK)
                 for (long p = begin; p < end; p++) {
-                    const char *w = bf16_panels(a, p, 1, buf);
+                    const char *w = bf16_panel(a, p, buf);
                     for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
                         amx_rows(a, ROWS_AT(m0), w, p, m0);
                 }
@@ -406,7 +433,7 @@ static void run(const Linear *a, int format) {
         uint16_t *buf = panel_buffer(a);
 #pragma omp for schedule(dynamic, 1)
         for (long p = 0; p < num_panels; p++) {
-            const char *w = format == BF16 ? bf16_panels(a, p, 1, buf)
+            const char *w = format == BF16 ? bf16_panel(a, p, buf)
                                            : (const char *)a->w + p * panel_bytes;
             for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
                 long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
