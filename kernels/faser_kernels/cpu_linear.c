@@ -221,6 +221,16 @@ static const char *bf16_panel(const Linear *a, long p, uint16_t *buf) {
     return (const char *)buf;
 }
 
+/* The data of panels [p, end) of a bf16 weight: in place, or its blocks dequantized into a new
+ * buffer, which the caller frees. */
+static const char *dequantized_panels(const Linear *a, long p, long end) {
+    if (!a->blocks) return (const char *)a->w + p * a->k * PANEL * 2;
+    uint16_t *buf = aligned_alloc(64, (end - p) * a->k * PANEL * 2);
+    if (!buf) abort();
+    for (long i = p; i < end; i++) dequantize_bf16_panel(a, i, buf + (i - p) * a->k * PANEL);
+    return (const char *)buf;
+}
+
 /* A thread's buffer for bf16_panel, NULL when the weight is not in blocks. */
 static uint16_t *panel_buffer(const Linear *a) {
     if (!a->blocks) return NULL;
@@ -374,6 +384,9 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_rows(const Linear *
  * block's rows stay in the core's L2 while the panels stream past them (all the rows of a long
  * prompt went through memory again for every panel). */
 #define ROW_BLOCK 256
+/* There, a weight in GGUF's blocks is dequantized this many panels at a time (about 1 MB of bf16
+ * at K = 576), each once for all the rows. */
+#define GROUP_PANELS 32
 
 /* Whole tiles of rows are read from x in place, the rows after them from a copy padded with
  * zeros, so that no tile load reads past x. */
@@ -390,7 +403,6 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
     {
         long t = omp_get_thread_num(), num_threads = omp_get_num_threads();
         long begin = num_panels * t / num_threads, end = num_panels * (t + 1) / num_threads;
-        uint16_t *buf = panel_buffer(a);
         configure_tiles();
         if (span == TILE_ROWS && a->blocks) /* each block dequantized into L1 as it is used */
             for (long p = begin; p < end; p += a->m <= TILE_ROWS ? 2 : 1)
@@ -405,15 +417,17 @@ __attribute__((target("amx-tile,amx-bf16"))) static void run_amx(const Linear *a
             for (long p = begin; p < end; p += 2)
                 for (long m0 = 0; m0 < a->m; m0 += TILE_ROWS)
                     amx_panels(a, ROWS_AT(m0), p, p + 1 < end, m0);
-        else
-            for (long block = 0; block < a->m; block += ROW_BLOCK)
-                for (long p = begin; p < end; p++) {
-                    const char *w = bf16_panel(a, p, buf);
-                    for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
-                        amx_rows(a, ROWS_AT(m0), w, p, m0);
-                }
+        else /* a weight in blocks: GROUP_PANELS of them dequantized at once, for every row */
+            for (long g = begin; g < end; g += a->blocks ? GROUP_PANELS : end - begin) {
+                long g_end = a->blocks && g + GROUP_PANELS < end ? g + GROUP_PANELS : end;
+                const char *w = dequantized_panels(a, g, g_end);
+                for (long block = 0; block < a->m; block += ROW_BLOCK)
+                    for (long p = g; p < g_end; p++)
+                        for (long m0 = block; m0 < a->m && m0 < block + ROW_BLOCK; m0 += span)
+                            amx_rows(a, ROWS_AT(m0), w + (p - g) * a->k * PANEL * 2, p, m0);
+                if (a->blocks) free((void *)w);
+            }
         release_tiles();
-        free(buf);
     }
 #undef ROWS_AT
     free(tail);
