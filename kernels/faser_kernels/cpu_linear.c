@@ -268,16 +268,21 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_store(const Linear 
     }
 }
 
+/* tmm0-3, the accumulators, to zero. */
+__attribute__((target("amx-tile"))) static inline void zero_accumulators(void) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
 /* Panels p and p + 1 (if `two`) for the 16 rows at x (row stride K), to out rows m0.. */
 __attribute__((target("amx-tile,amx-bf16"))) static void amx_panels(const Linear *a,
                                                                     const uint16_t *x, long p,
                                                                     int two, long m0) {
     const long stride = a->k * 2, panel = a->k * PANEL * 2; /* bytes */
     const char *w = (const char *)a->w + p * panel;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
         const char *b = w + k0 / 2 * PANEL * 4; /* 16 k-pair rows of 128 bytes */
         _tile_loadd(4, x + k0, stride);
@@ -302,10 +307,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_block_panels(const 
                                                                           long p, int two) {
     uint16_t b[2][BLOCK * PANEL] __attribute__((aligned(64))); /* a block of each panel */
     const long stride = a->k * 2;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
         dequantize_bf16_block(a, p, k0 / BLOCK, b[0]);
         _tile_loadd(4, x + k0, stride);
@@ -332,10 +334,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_block_rows(const Li
                                                                         long p, long m0) {
     uint16_t b[BLOCK * PANEL] __attribute__((aligned(64))); /* a block of the panel */
     const long stride = a->k * 2;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
         dequantize_bf16_block(a, p, k0 / BLOCK, b);
         _tile_loadd(6, b, 4 * PANEL);
@@ -359,10 +358,7 @@ __attribute__((target("amx-tile,amx-bf16"))) static void amx_rows(const Linear *
                                                                   const char *w, long p,
                                                                   long m0) {
     const long stride = a->k * 2;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    zero_accumulators();
     for (long k0 = 0; k0 < a->k; k0 += TILE_K) {
         const char *b = w + k0 / 2 * PANEL * 4;
         _tile_loadd(4, x + k0, stride);
