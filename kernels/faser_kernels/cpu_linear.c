@@ -208,35 +208,16 @@ static inline __attribute__((always_inline)) void dequantize_bf16_block(const Li
     }
 }
 
-/* Panel p of a.w's blocks as the bf16 panel of the weight ([K / 2, PANEL, 2]). */
-static void dequantize_bf16_panel(const Linear *a, long p, uint16_t *out) {
-    for (long blk = 0; blk < a->k / BLOCK; blk++)
-        dequantize_bf16_block(a, p, blk, out + blk * BLOCK * PANEL);
-}
-
-/* The data of panel p of a bf16 weight: in place, or its blocks dequantized into buf. */
-static const char *bf16_panel(const Linear *a, long p, uint16_t *buf) {
-    if (!a->blocks) return (const char *)a->w + p * a->k * PANEL * 2;
-    dequantize_bf16_panel(a, p, buf);
-    return (const char *)buf;
-}
-
-/* The data of panels [p, end) of a bf16 weight: in place, or its blocks dequantized into a new
- * buffer, which the caller frees. */
+/* The data of panels [p, end) of a bf16 weight: in place, or its blocks dequantized into bf16
+ * panels ([K / 2, PANEL, 2] each) in a new buffer, which the caller frees. */
 static const char *dequantized_panels(const Linear *a, long p, long end) {
     if (!a->blocks) return (const char *)a->w + p * a->k * PANEL * 2;
     uint16_t *buf = aligned_alloc(64, (end - p) * a->k * PANEL * 2);
     if (!buf) abort();
-    for (long i = p; i < end; i++) dequantize_bf16_panel(a, i, buf + (i - p) * a->k * PANEL);
+    for (long i = p; i < end; i++)
+        for (long blk = 0; blk < a->k / BLOCK; blk++)
+            dequantize_bf16_block(a, i, blk, buf + ((i - p) * a->k + blk * BLOCK) * PANEL);
     return (const char *)buf;
-}
-
-/* A thread's buffer for bf16_panel, NULL when the weight is not in blocks. */
-static uint16_t *panel_buffer(const Linear *a) {
-    if (!a->blocks) return NULL;
-    uint16_t *buf = aligned_alloc(64, a->k * PANEL * 2);
-    if (!buf) abort();
-    return buf;
 }
 
 /* -- AMX: bf16 weights on the tiles ------------------------------------------------------------ */
@@ -438,25 +419,21 @@ static void run(const Linear *a, int format) {
     }
     long num_panels = (a->n + PANEL - 1) / PANEL;
     long panel_bytes = a->k * PANEL * (format == F32 ? 4 : format == BF16 ? 2 : 1);
-#pragma omp parallel
-    {
-        uint16_t *buf = panel_buffer(a);
-#pragma omp for schedule(dynamic, 1)
-        for (long p = 0; p < num_panels; p++) {
-            const char *w = format == BF16 ? bf16_panel(a, p, buf)
-                                           : (const char *)a->w + p * panel_bytes;
-            for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
-                long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
-                if (format == BF16) {
-                    DISPATCH(panel_bf16, a, w, p, m0, rows);
-                } else if (format == I8) {
-                    DISPATCH(panel_i8, a, w, p, m0, rows);
-                } else {
-                    DISPATCH(panel_f32, a, w, p, m0, rows);
-                }
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long p = 0; p < num_panels; p++) {
+        const char *w = format == BF16 ? dequantized_panels(a, p, p + 1)
+                                       : (const char *)a->w + p * panel_bytes;
+        for (long m0 = 0; m0 < a->m; m0 += MAX_ROWS) {
+            long rows = a->m - m0 < MAX_ROWS ? a->m - m0 : MAX_ROWS;
+            if (format == BF16) {
+                DISPATCH(panel_bf16, a, w, p, m0, rows);
+            } else if (format == I8) {
+                DISPATCH(panel_i8, a, w, p, m0, rows);
+            } else {
+                DISPATCH(panel_f32, a, w, p, m0, rows);
             }
         }
-        free(buf);
+        if (a->blocks) free((void *)w);
     }
 }
 
