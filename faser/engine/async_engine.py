@@ -163,9 +163,12 @@ class AsyncLLMEngine:
         finished = False
         try:
             while not finished:
-                item = _merged(await stream.outputs.get(), stream.outputs)
-                finished = item.finished
-                yield item
+                item, failure = _merged(await stream.outputs.get(), stream.outputs)
+                if item is not None:
+                    finished = item.finished
+                    yield item
+                if failure is not None:
+                    raise failure
         finally:
             if not finished:
                 self.abort(request_id)
@@ -295,19 +298,27 @@ class AsyncLLMEngine:
 
 def _merged(
     item: RequestOutput | BaseException, waiting: asyncio.Queue[RequestOutput | BaseException]
-) -> RequestOutput:
+) -> tuple[RequestOutput | None, BaseException | None]:
     """The newest of the outputs a slow consumer let queue up, with the tokens of all of them
     as its new ones: one delta instead of one per step (as vLLM's output collector does), so a
-    stream costs less the more loaded its server is; raises a delivered failure."""
+    stream costs less the more loaded its server is; and the failure queued after them, if one
+    was, which is raised only once the tokens before it are handed over."""
+    merged: RequestOutput | None = None
     new_token_ids: list[int] = []
     while True:
         if isinstance(item, BaseException):
-            raise item
+            return _with_tokens(merged, new_token_ids), item
+        merged = item
         new_token_ids += item.new_token_ids
         if item.finished or waiting.empty():
-            return item if len(new_token_ids) == len(item.new_token_ids) else \
-                replace(item, new_token_ids=new_token_ids)
+            return _with_tokens(merged, new_token_ids), None
         item = waiting.get_nowait()
+
+
+def _with_tokens(output: RequestOutput | None, new_token_ids: list[int]) -> RequestOutput | None:
+    if output is None or len(new_token_ids) == len(output.new_token_ids):
+        return output
+    return replace(output, new_token_ids=new_token_ids)
 
 
 def _deliver(stream: _Stream, items: list[RequestOutput] | list[BaseException]) -> None:

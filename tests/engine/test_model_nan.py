@@ -32,8 +32,8 @@ class Poisoned(NamedTuple):
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Poisoned:
-    """The poisoned token: one that a prompt's greedy output feeds (not its last token) and that
-    neither the healthy prompts nor their outputs hold."""
+    """The poisoned token: one that a prompt's greedy output feeds after two tokens at least (and
+    not as its last) and that neither the healthy prompts nor their outputs hold."""
     root = tmp_path_factory.mktemp("nan")
     target = make_checkpoint(root / "target", "mha_untied")  # its head keeps no NaN row
     draft = make_noisy_copy(target, root / "draft", noise=0.3)  # its own weights: never NaN
@@ -43,7 +43,9 @@ def pair(tmp_path_factory) -> Poisoned:
     for first in range(60, 97):
         prompt = [first, first - 30, 3]
         reached = clean.generate([prompt], GREEDY)[0].token_ids[:-1]
-        token = next((t for t in reached if t not in healthy and t not in prompt), None)
+        # two tokens before it at least: a paced stream then holds some back (see below)
+        token = next((t for t in reached[2:]
+                      if t not in healthy and t not in prompt + reached[:2]), None)
         if token is not None:
             return Poisoned(target, draft, token, prompt)
     raise AssertionError("no prompt's greedy output reaches a token to poison")
@@ -105,3 +107,27 @@ def test_its_stream_fails_while_the_others_finish(pair):
     assert isinstance(failed, ModelOutputNotFinite) and str(failed) == MODEL_OUTPUT_NOT_FINITE
     assert served[-1].finish_reason == "length"
     assert served[-1].token_ids == alone[-1].token_ids
+
+
+def test_a_paced_stream_hands_over_its_tokens_before_the_failure(pair):
+    """A stream that holds its outputs back (a stream interval longer than the request) gets the
+    failure queued right behind its tokens: it still yields every token the request committed,
+    and raises only after them."""
+    config = EngineConfig(model=str(pair.target), draft_model=str(pair.draft), num_kv_blocks=64,
+                          block_size=4, dtype="float32", num_threads=1)
+    paced = AsyncLLMEngine(lambda: poisoned(LLMEngine(config), pair.token), idle_wait_s=0.01,
+                           stream_interval_s=60.0)
+    outputs = []
+
+    async def run():
+        async for out in paced.generate("bad", pair.reaching, GREEDY, {"policy": "off"}):
+            outputs.append(out)
+
+    try:
+        with pytest.raises(ModelOutputNotFinite):
+            asyncio.run(run())
+    finally:
+        paced.shutdown()
+    committed = engine(pair, "off").generate([pair.reaching], GREEDY)[0].token_ids
+    assert len(outputs) == 2  # the first token at once, the others held until the failure
+    assert sum((o.new_token_ids for o in outputs), []) == committed
