@@ -13,6 +13,10 @@ from tests.fixtures.local_app import local_openai_app  # noqa: E402
 from tests.fixtures.tiny_models import make_tiny_pair  # noqa: E402
 
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+# A router skips a replica that misses Ray's queue-length probe deadline (0.1 s) and takes the
+# next in its order: on two cores busy with replicas, proxy and test, an idle replica can miss it,
+# which would test the host's scheduling instead of the routing policy. The workers inherit it.
+os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "1.0")
 
 
 @pytest.fixture(scope="session")

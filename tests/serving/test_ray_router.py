@@ -81,7 +81,7 @@ class LongStream:
 
 
 def test_skewed_load_is_spread_over_both_replicas(base_url):
-    complete(base_url, 2)  # warm both the ingress and the router
+    burst(base_url, 2, max_tokens=2)  # warm the ingress, the router and its view of both
     time.sleep(1.0)  # let the replicas' routing stats show an idle fleet again
     first = LongStream(base_url)
     second = LongStream(base_url)
