@@ -120,6 +120,10 @@ def test_a_busy_fleet_caps_k_through_the_engine(tiny_models, hf_greedy, tmp_path
     planned = {}
     for cluster_load in (0.0, 1.0):
         eng = engine(tiny_models, tmp_path / str(cluster_load))
+        # the drafting scale learns what this host's draft forward costs, and no plain step
+        # corrects the target's: a target step of 0.1 s makes the whole cap pay at idle on any
+        # host, so that only the busy cap can shorten k
+        eng.speculator.use_cost_profile(roofline(flat_s=0.1))
         eng.set_cluster_load(cluster_load)
         outputs = run(eng, [None] * len(PROMPTS))
         for prompt, out in zip(PROMPTS, outputs, strict=True):
