@@ -9,8 +9,10 @@ plain decoding. Prefill chunks ride along in frontier 0 and sample when they com
 A seeded request's rows become race scores (faser.layers.race) and are judged by the greedy rule:
 its tokens are its races' winners, whatever was drafted.
 
-A request whose rows are not finite (the model's own NaN or overflow, which no sampler can draw
-from) ends with finish_reason "error" and commits nothing more; the others in the forward go on."""
+A row that is not finite (the model's own NaN or overflow, which no sampler can draw from) fails
+its request with finish_reason "error" only where plain decoding would meet it: the request
+commits what its rows before it accept, and fails if they accept every draft token up to it; a
+row past a rejection is never read. The others in the forward go on."""
 
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class _Entry:
     seq: SpecRequest
     history: History | None  # its first row's (penalised requests); row r adds checked[:r]
     first_position: int  # of the token its first row scores
+    cut_short: bool = False  # the frontier's next row is not finite: accepting all reaches it
 
     def histories(self) -> list[History | None]:
         if self.history is None:
@@ -119,12 +122,13 @@ class Verifier:
         owners: list = []
         row = 0
         for it in items:
-            entry = _decode_entry(it, logits[row : row + it.size])
-            start, row = row, row + len(entry.checked) + int(entry.final)
-            if broken and _fails(it.seq, broken, start, row):
+            start, row = row, row + _num_inputs(it)
+            cut = min((r - start for r in broken if start <= r < row), default=None)
+            if cut == 0:  # its very first row: nothing of this frontier can be committed
+                it.seq.finish_reason = "error"
                 it.verdict.done = True
                 continue
-            entries.append(entry)
+            entries.append(_decode_entry(it, logits[start:row], cut))
             owners.append(it.verdict)
         for p, ((seq, _), chunk) in enumerate(zip(prefills, chunks[len(items):], strict=True)):
             rows = logits[row : row + chunk.num_logits]
@@ -157,7 +161,9 @@ class Verifier:
             committed.append(out[g][: accepted + int(rejected or entry.final)])
             owner.token_ids += committed[-1]
             owner.num_accepted += accepted
-            owner.done = rejected or entry.final
+            owner.done = rejected or entry.final or entry.cut_short
+            if entry.cut_short and not rejected:  # after its tokens (a stop among them wins)
+                entry.seq.finish_reason = "error"
         _record_logprobs(entries, committed)
 
 
@@ -288,18 +294,24 @@ def _prefill_chunk(seq: SpecRequest, n: int, featured: bool) -> Chunk:
     return Chunk(seq.token_ids[start : start + n], start, seq.block_table, num_logits)
 
 
-def _decode_entry(it: FrontierItem, logits: torch.Tensor) -> _Entry:
-    """The item's share of the frontier: `logits` start at its first row."""
-    n_inputs = min(it.size, len(it.draft) + 1 - it.offset)
-    final = it.offset + n_inputs == len(it.draft) + 1
+def _num_inputs(it: FrontierItem) -> int:
+    return min(it.size, len(it.draft) + 1 - it.offset)
+
+
+def _decode_entry(it: FrontierItem, logits: torch.Tensor, cut: int | None) -> _Entry:
+    """The item's share of the frontier: `logits` are its rows. With a `cut`, the rows from
+    that one on are not finite: the entry checks the draft tokens before it and no more."""
+    n_inputs = _num_inputs(it) if cut is None else cut
+    final = cut is None and it.offset + n_inputs == len(it.draft) + 1
     checked = it.draft[it.offset : it.offset + n_inputs - int(final)]  # the last row: the bonus
     rows = logits[:n_inputs]
     if not final:  # no bonus row in this frontier: repeat the last row; its sample is unused
         rows = torch.cat([rows, rows[-1:]])
     q = None if it.q is None else it.q[it.offset : it.offset + len(checked)]
     u_accept, u_sample = it.uniforms
-    return _Entry(checked, rows, q, u_accept, u_sample, it.seq.params, final, it.seq,
-                  history(it.seq, it.draft[: it.offset]), it.seq.num_tokens + it.offset)
+    return _Entry(checked, rows, q, u_accept[: len(checked)], u_sample, it.seq.params, final,
+                  it.seq, history(it.seq, it.draft[: it.offset]), it.seq.num_tokens + it.offset,
+                  cut_short=cut is not None)
 
 
 def _prefill_entry(seq: SpecRequest, rows: torch.Tensor) -> _Entry:

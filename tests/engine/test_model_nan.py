@@ -28,6 +28,7 @@ class Poisoned(NamedTuple):
     draft: Path
     token: int  # whose embedding each engine sets to NaN (poison_token)
     reaching: list[int]  # a prompt without it whose greedy output reaches it
+    reached: list[int]  # that output through the poisoned token: what plain decoding commits
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def pair(tmp_path_factory) -> Poisoned:
         token = next((t for t in reached[2:]
                       if t not in healthy and t not in prompt + reached[:2]), None)
         if token is not None:
-            return Poisoned(target, draft, token, prompt)
+            return Poisoned(target, draft, token, prompt, reached[: reached.index(token) + 1])
     raise AssertionError("no prompt's greedy output reaches a token to poison")
 
 
@@ -73,6 +74,7 @@ def test_a_request_with_a_nan_fails_alone(pair, policy, params):
     outputs = llm.generate(prompts, [params, GREEDY, GREEDY, GREEDY])
     assert [o.finish_reason for o in outputs] == ["error", "error", "length", "length"]
     assert outputs[0].token_ids == []  # its prompt's last row was NaN already
+    assert outputs[1].token_ids == pair.reached  # whatever was drafted beyond
     assert [o.token_ids for o in outputs[2:]] == alone
     assert llm.engine.num_free_blocks == llm.engine.num_total_blocks
     assert not llm.engine.has_unfinished_requests()
@@ -82,7 +84,7 @@ def test_the_failure_comes_after_the_tokens_before_the_nan(pair):
     """Greedy and unspeculated: the request commits every token up to the poisoned one, whose
     row (the first to read it) fails it."""
     out = engine(pair, "off").generate([pair.reaching], GREEDY)[0]
-    assert out.finish_reason == "error" and out.token_ids[-1] == pair.token
+    assert out.finish_reason == "error" and out.token_ids == pair.reached
 
 
 def test_its_stream_fails_while_the_others_finish(pair):
@@ -128,6 +130,28 @@ def test_a_paced_stream_hands_over_its_tokens_before_the_failure(pair):
             asyncio.run(run())
     finally:
         paced.shutdown()
-    committed = engine(pair, "off").generate([pair.reaching], GREEDY)[0].token_ids
     assert len(outputs) == 2  # the first token at once, the others held until the failure
-    assert sum((o.new_token_ids for o in outputs), []) == committed
+    assert sum((o.new_token_ids for o in outputs), []) == pair.reached
+
+
+def test_a_nan_past_a_rejected_draft_token_fails_nothing(pair):
+    """Plain decoding never feeds a draft token the target rejects, so a NaN row behind one is
+    never read: here the draft's first guess is a poisoned token that the target does not
+    choose, and the request's output is plain decoding's, to the end."""
+    clean = LLM(str(pair.target), num_kv_blocks=64, block_size=4, dtype="float32")
+    draft_alone = LLM(str(pair.draft), num_kv_blocks=64, block_size=4, dtype="float32")
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    for first in range(5, 60):
+        prompt = [first, 3]
+        plain = clean.generate([prompt], GREEDY)[0].token_ids
+        guess = draft_alone.generate([prompt + plain[:1]], one)[0].token_ids[0]
+        if guess not in prompt + plain:  # so the target rejects it, and never reaches it
+            break
+    else:
+        raise AssertionError("the draft agrees with the target on every prompt")
+    llm = LLM(str(pair.target), draft_model=str(pair.draft), spec=SpecConfig(policy="fixed:3"),
+              num_kv_blocks=64, block_size=4, dtype="float32", draft_weights="same")
+    poison_token(llm.engine, guess)
+    out = llm.generate([prompt], GREEDY)[0]
+    assert out.finish_reason == "length" and out.token_ids == plain
+    assert out.spec_stats.num_draft_tokens > 0
