@@ -287,13 +287,15 @@ class AsyncLLMEngine:
         """Fails every request but those still waiting for a place, which go on and meet the
         fault in their own step if it was not one request's: the step ran the others (or
         finished one before it raised, whose end was never sent). With every request waiting
-        (the step failed before any ran), all fail, so that a fault on every step cannot loop."""
+        (the step failed before any ran), all fail, so that a fault on every step cannot loop.
+        A stream gets the tokens it held back (committed by earlier steps) before the failure."""
         waiting = set(self.engine.waiting_request_ids())
         failed = [r for r in self._streams if r not in waiting] or list(self._streams)
         for request_id in failed:
             with contextlib.suppress(Exception):
                 self.engine.abort_request(request_id)
-            _deliver(self._streams.pop(request_id), [RuntimeError(f"engine step failed: {exc}")])
+            stream = self._streams.pop(request_id)
+            _deliver(stream, [*stream.held, RuntimeError(f"engine step failed: {exc}")])
 
 
 def _merged(

@@ -250,3 +250,35 @@ def test_a_step_that_raises_on_an_abort_does_not_raise_again(tiny_pair):
 
         engine.engine._output = failing
         assert len(asyncio.run(run(engine))[-1].token_ids) == 4
+
+
+def test_a_failed_step_hands_over_the_tokens_a_paced_stream_held(tiny_pair):
+    """A paced stream holds the tokens of earlier steps back; when a later step fails, the
+    stream yields them (the engine committed them) before it raises."""
+    greedy = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    target, draft = tiny_pair
+    config = EngineConfig(model=str(target), draft_model=str(draft), num_kv_blocks=64,
+                          num_threads=1, spec=SpecConfig(policy="off"))
+    paced = AsyncLLMEngine(lambda: LLMEngine(config), idle_wait_s=0.01, stream_interval_s=60.0)
+    outputs = []
+
+    async def run():
+        async for out in paced.generate("failing", [3, 4, 5], greedy):
+            outputs.append(out)
+
+    try:
+        build_output = paced.engine._output
+
+        def failing(seq, new):  # raises in the step that commits the fifth token
+            if len(seq.output_token_ids) == 5:
+                raise RuntimeError("no output")
+            return build_output(seq, new)
+
+        plain = asyncio.run(collect(paced, "plain", [3, 4, 5], greedy))[-1].token_ids
+        paced.engine._output = failing
+        with pytest.raises(RuntimeError, match="engine step failed"):
+            asyncio.run(run())
+    finally:
+        paced.shutdown()
+    assert [len(o.new_token_ids) for o in outputs] == [1, 3]  # the first at once, then 3 held
+    assert sum((o.new_token_ids for o in outputs), []) == plain[:4]
