@@ -264,9 +264,12 @@ class AsyncLLMEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:  # aborted while the step ran
                 continue
-            stream.held.append(output)
             if output.finish_reason == "error":  # its tokens so far, then the failure
-                stream.held[-1] = ModelOutputNotFinite(MODEL_OUTPUT_NOT_FINITE)
+                if output.new_token_ids:  # those its last step committed before the NaN
+                    stream.held.append(replace(output, finished=False, finish_reason=None))
+                stream.held.append(ModelOutputNotFinite(MODEL_OUTPUT_NOT_FINITE))
+            else:
+                stream.held.append(output)
             if output.finished:
                 del self._streams[output.request_id]
                 _deliver(stream, stream.held)

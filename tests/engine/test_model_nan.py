@@ -155,3 +155,26 @@ def test_a_nan_past_a_rejected_draft_token_fails_nothing(pair):
     out = llm.generate([prompt], GREEDY)[0]
     assert out.finish_reason == "length" and out.token_ids == plain
     assert out.spec_stats.num_draft_tokens > 0
+
+
+def test_a_stream_gets_the_tokens_committed_in_the_step_that_fails(pair):
+    """With the target as its own draft, the request's last step accepts every draft token up
+    to the poisoned one and fails at the row that reads it: that step commits tokens and fails
+    the request at once, and its stream yields those tokens before it raises."""
+    config = EngineConfig(model=str(pair.target), draft_model=str(pair.target), num_kv_blocks=64,
+                          block_size=4, dtype="float32", num_threads=1, draft_weights="same",
+                          spec=SpecConfig(policy="fixed:3"))
+    engine = AsyncLLMEngine(lambda: poisoned(LLMEngine(config), pair.token), idle_wait_s=0.01)
+    outputs = []
+
+    async def run():
+        async for out in engine.generate("bad", pair.reaching, GREEDY):
+            outputs.append(out)
+
+    try:
+        with pytest.raises(ModelOutputNotFinite):
+            asyncio.run(run())
+    finally:
+        engine.shutdown()
+    assert len(outputs[-1].new_token_ids) > 1  # the failing step's tokens, in one output
+    assert sum((o.new_token_ids for o in outputs), []) == pair.reached
