@@ -119,17 +119,7 @@ def test_a_paced_stream_hands_over_its_tokens_before_the_failure(pair):
                           block_size=4, dtype="float32", num_threads=1)
     paced = AsyncLLMEngine(lambda: poisoned(LLMEngine(config), pair.token), idle_wait_s=0.01,
                            stream_interval_s=60.0)
-    outputs = []
-
-    async def run():
-        async for out in paced.generate("bad", pair.reaching, GREEDY, {"policy": "off"}):
-            outputs.append(out)
-
-    try:
-        with pytest.raises(ModelOutputNotFinite):
-            asyncio.run(run())
-    finally:
-        paced.shutdown()
+    outputs = failed_stream(paced, pair.reaching, {"policy": "off"})
     assert len(outputs) == 2  # the first token at once, the others held until the failure
     assert sum((o.new_token_ids for o in outputs), []) == pair.reached
 
@@ -165,10 +155,18 @@ def test_a_stream_gets_the_tokens_committed_in_the_step_that_fails(pair):
                           block_size=4, dtype="float32", num_threads=1, draft_weights="same",
                           spec=SpecConfig(policy="fixed:3"))
     engine = AsyncLLMEngine(lambda: poisoned(LLMEngine(config), pair.token), idle_wait_s=0.01)
+    outputs = failed_stream(engine, pair.reaching)
+    assert len(outputs[-1].new_token_ids) > 1  # the failing step's tokens, in one output
+    assert sum((o.new_token_ids for o in outputs), []) == pair.reached
+
+
+def failed_stream(engine: AsyncLLMEngine, prompt: list[int], speculation: dict | None = None):
+    """The outputs a greedy stream of `prompt` yields before it raises ModelOutputNotFinite, as
+    it must; shuts the engine down."""
     outputs = []
 
     async def run():
-        async for out in engine.generate("bad", pair.reaching, GREEDY):
+        async for out in engine.generate("bad", prompt, GREEDY, speculation):
             outputs.append(out)
 
     try:
@@ -176,5 +174,4 @@ def test_a_stream_gets_the_tokens_committed_in_the_step_that_fails(pair):
             asyncio.run(run())
     finally:
         engine.shutdown()
-    assert len(outputs[-1].new_token_ids) > 1  # the failing step's tokens, in one output
-    assert sum((o.new_token_ids for o in outputs), []) == pair.reached
+    return outputs
