@@ -11,7 +11,7 @@
 
 /* The `bytes` of a stream that come PREFETCH_AHEAD after p. The AVX2 builds do without: on the
  * AVX2 CPU measured, the hardware prefetchers kept up with both the target's and the draft's
- * streams, and the prefetches only took load slots (7-15 % of a layer's time). */
+ * streams, and the prefetches only took load slots (kernels/README.md). */
 static inline __attribute__((always_inline)) void prefetch_ahead(const void *p, long bytes) {
 #ifdef __AVX512F__
     for (long line = 0; line < bytes; line += 64)
