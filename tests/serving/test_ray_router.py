@@ -82,7 +82,11 @@ class LongStream:
 
 def test_skewed_load_is_spread_over_both_replicas(base_url):
     burst(base_url, 2, max_tokens=2)  # warm the ingress, the router and its view of both
-    time.sleep(1.0)  # let the replicas' routing stats show an idle fleet again
+    # let the replicas' routing stats show an idle fleet again: they reach the router through
+    # the controller's poll and its broadcast, which lag on two busy cores; a stale "running"
+    # on the idle replica would tie it with the first long stream's, and the tie goes to the
+    # prefix's replica
+    time.sleep(2.5)
     first = LongStream(base_url)
     second = LongStream(base_url)
     try:
