@@ -98,13 +98,9 @@ def pack_blocks(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> Pac
     float32's 4, for the same bits out. `dtype` bfloat16: multiplied as `weight.bfloat16()` (the
     weight a bf16 model loaded from that checkpoint holds), against bf16's 2 bytes a weight, for
     the bits of its bf16 panels. None for any other weight."""
-    if not may_hold_blocks(weight):
-        return None
-    n, k = weight.shape
-    blocks = weight.detach().reshape(-1, BLOCK)
-    for name, find in (("q4_1", _q4_1), ("q8_0", _q8_0)):
-        # a few blocks first: a weight of no such file fails there, at a small part of the cost
-        if find(blocks[:SAMPLE_BLOCKS]) is not None and (found := find(blocks)) is not None:
+    for name, find in _sample_formats(weight):
+        if (found := find(weight.detach().reshape(-1, BLOCK))) is not None:
+            n, k = weight.shape
             return PackedWeight(_panels(n, k, *found), n, k, blocks=name, block_dtype=dtype)
     return None
 
@@ -112,10 +108,17 @@ def pack_blocks(weight: torch.Tensor, dtype: torch.dtype = torch.float32) -> Pac
 def may_hold_blocks(weight: torch.Tensor) -> bool:
     """Whether `pack_blocks` may find a float32 weight's blocks: its first few blocks are
     GGUF's (the rest is only known by packing it)."""
+    return bool(_sample_formats(weight))
+
+
+def _sample_formats(weight: torch.Tensor) -> list[tuple[str, Callable]]:
+    """GGUF's formats (and their finders) that hold a float32 weight's first SAMPLE_BLOCKS
+    blocks: a weight of no such file fails there, at a small part of a whole search's cost."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % BLOCK:
-        return False
+        return []
     sample = weight.detach().reshape(-1, BLOCK)[:SAMPLE_BLOCKS]
-    return _q4_1(sample) is not None or _q8_0(sample) is not None
+    return [(name, find) for name, find in (("q4_1", _q4_1), ("q8_0", _q8_0))
+            if find(sample) is not None]
 
 
 def quantize_q8_0(weight: torch.Tensor) -> PackedWeight:
