@@ -86,17 +86,26 @@ typedef struct {
     float *stage;  /* [STAGE_KEYS, head_dim]: rows copied from the cache */
 } Tile;
 
-#define STAGE_KEYS 64 /* keys copied to the stage at a time, a multiple of LANES */
+#define STAGE_KEYS 64    /* keys copied to the stage at a time, a multiple of LANES */
+#define PREFETCH_ROWS 16 /* rows the copy asks for ahead of the one it copies */
 
 /* The rows of positions j0 .. min(j0 + STAGE_KEYS, last + 1) of the tile's kv head, copied into
- * its stage when j0 starts a stage's worth (a tight loop of copies that the hardware prefetchers
- * keep ahead of, where reading the cache between the passes' arithmetic stalled on memory at
- * every block); row j0 + j's place in the stage. */
+ * its stage when j0 starts a stage's worth (a tight loop of copies, where reading the cache
+ * between the passes' arithmetic stalled on memory at every block); row j0 + j's place in the
+ * stage. The copy prefetches PREFETCH_ROWS rows ahead: a request's blocks lie anywhere in the
+ * cache and its kv head's rows are strided within them, so the hardware prefetchers fall behind,
+ * and a long context read from memory (a decode, a verification) waited on one row at a time. */
 static inline const float *staged(const Attention *a, const Tile *tile, const float *cache,
                                   long j0, long last) {
     long d = a->head_dim, at = j0 % STAGE_KEYS;
     if (at == 0)
         for (long j = 0; j < STAGE_KEYS && j0 + j <= last; j++) {
+            if (j0 + j + PREFETCH_ROWS <= last) {
+                const char *ahead = (const char *)cached(a, cache, tile->table,
+                                                         j0 + j + PREFETCH_ROWS, tile->kv_head);
+                for (long i = 0; i < d * (long)sizeof(float); i += 64)
+                    _mm_prefetch(ahead + i, _MM_HINT_T0);
+            }
             const float *row = cached(a, cache, tile->table, j0 + j, tile->kv_head);
             for (long i = 0; i < d; i += LANES)
                 _mm256_storeu_ps(tile->stage + j * d + i, _mm256_loadu_ps(row + i));
