@@ -171,9 +171,10 @@ static float normalise(float *scores, long pos, float max_score) {
 
 #define WEIGH_FMA(r, c) r = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + (c) * LANES), r);
 
-/* out[0 .. 8 LANES) += p[j] * values[j][at ..] for the block's n keys in key order: eight
- * chunks' sums side by side, so that eight FMA chains, not one, wait on their latency. */
-static inline void weigh8(float *out, const float *p, const float *const values[LANES], long at,
+/* out[0 .. 8 LANES) += p[j] * rows[j][at ..] for the first n rows (d apart) in key order: eight
+ * chunks' sums side by side, so that eight FMA chains, not one, wait on their latency, and in
+ * registers through all n keys. */
+static inline void weigh8(float *out, const float *p, const float *rows, long d, long at,
                           long n) {
     __m256 a0 = _mm256_loadu_ps(out), a1 = _mm256_loadu_ps(out + LANES),
            a2 = _mm256_loadu_ps(out + 2 * LANES), a3 = _mm256_loadu_ps(out + 3 * LANES),
@@ -181,7 +182,7 @@ static inline void weigh8(float *out, const float *p, const float *const values[
            a6 = _mm256_loadu_ps(out + 6 * LANES), a7 = _mm256_loadu_ps(out + 7 * LANES);
     for (long j = 0; j < n; j++) {
         __m256 pj = _mm256_set1_ps(p[j]);
-        const float *v = values[j] + at;
+        const float *v = rows + j * d + at;
         WEIGH_FMA(a0, 0) WEIGH_FMA(a1, 1) WEIGH_FMA(a2, 2) WEIGH_FMA(a3, 3)
         WEIGH_FMA(a4, 4) WEIGH_FMA(a5, 5) WEIGH_FMA(a6, 6) WEIGH_FMA(a7, 7)
     }
@@ -195,24 +196,26 @@ static inline void weigh8(float *out, const float *p, const float *const values[
     _mm256_storeu_ps(out + 7 * LANES, a7);
 }
 
-/* Pass 3: every query head's values, weighted key by key in key order, into tile->acc. */
+/* Pass 3: every query head's values, weighted key by key in key order, into tile->acc: a stage
+ * of keys at a time, each head's sums kept in registers through the stage. */
 static void weigh(const Attention *a, const Tile *tile, long heads) {
     long d = a->head_dim, chunks = d / LANES, last = position(tile, heads - 1);
     for (long i = 0; i < heads * d; i++) tile->acc[i] = 0.0f;
-    for (long j0 = 0; j0 <= last; j0 += LANES) {
-        const float *values[LANES], *rows = staged(a, tile, a->v_cache, j0, last);
-        for (long j = 0; j < keys_seen(last, j0); j++) values[j] = rows + j * d;
+    for (long j0 = 0; j0 <= last; j0 += STAGE_KEYS) {
+        const float *rows = staged(a, tile, a->v_cache, j0, last);
         for (long h = 0; h < heads; h++) {
-            long n = keys_seen(position(tile, h), j0);
+            long n = position(tile, h) + 1 - j0;
+            if (n <= 0) continue;
+            n = n < STAGE_KEYS ? n : STAGE_KEYS;
             const float *p = tile->scores + h * tile->width + j0;
             float *out = tile->acc + h * d;
             long c = 0, i = 0;
-            for (; c + 8 <= chunks; c += 8, i += 8 * LANES) weigh8(out + i, p, values, i, n);
-            /* chunk by chunk, so that each sum stays in one register through the block */
+            for (; c + 8 <= chunks; c += 8, i += 8 * LANES) weigh8(out + i, p, rows, d, i, n);
+            /* chunk by chunk, so that each sum stays in one register through the stage */
             for (; c < chunks; c++, i += LANES) {
                 __m256 acc = _mm256_loadu_ps(out + i);
                 for (long j = 0; j < n; j++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(values[j] + i),
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows + j * d + i),
                                           acc);
                 _mm256_storeu_ps(out + i, acc);
             }
