@@ -14,7 +14,8 @@
  * queries of one request with the query heads of one kv head, which share each block of keys (and
  * of values) while it is in the cache; each query head still takes its keys in order, so the
  * tiling changes no bit. Each pass copies STAGE_KEYS rows at a time into a stage and reads them
- * from there, as cpu_attention.c does.
+ * from there, as cpu_attention.c does, and a tile of a few queries (decodes, verifications) takes
+ * all its kv heads in one work item, so that their rows are read side by side.
  *   q, out: [num_tokens, num_heads, head_dim]
  *   caches: [num_blocks, block_size, num_kv_heads, head_dim]
  */
@@ -73,8 +74,10 @@ static inline __m256 dots8(const float *q, const float *const keys[LANES], long 
 }
 
 #define TILE 8      /* queries of one request per tile */
-#define MAX_GROUP 8 /* query heads per kv head */
+#define MAX_GROUP 8  /* query heads per kv head */
 #define MAX_HEADS (TILE * MAX_GROUP)
+#define MAX_KV_RUN 8  /* kv heads per work item */
+#define RUN_QUERIES 4 /* a tile of at most this many queries takes all its kv heads at once */
 
 /* Queries [t0, t1) of a request (query t at position first + t) with the heads of kv_head; its
  * query heads are numbered h = (t - t0) * group + g. */
@@ -83,34 +86,36 @@ typedef struct {
     const int32_t *table;
     float *scores; /* [query heads, width] */
     float *acc;    /* [query heads, head_dim] */
-    float *stage;  /* [STAGE_KEYS, head_dim]: rows copied from the cache */
+    float *stage;  /* [STAGE_KEYS, run, head_dim]: rows copied from the cache, shared by a run */
 } Tile;
 
 #define STAGE_KEYS 64    /* keys copied to the stage at a time, a multiple of LANES */
 #define PREFETCH_ROWS 16 /* rows the copy asks for ahead of the one it copies */
 
-/* The rows of positions j0 .. min(j0 + STAGE_KEYS, last + 1) of the tile's kv head, copied into
- * its stage when j0 starts a stage's worth (a tight loop of copies, where reading the cache
- * between the passes' arithmetic stalled on memory at every block); row j0 + j's place in the
- * stage. The copy prefetches PREFETCH_ROWS rows ahead: a request's blocks lie anywhere in the
- * cache and its kv head's rows are strided within them, so the hardware prefetchers fall behind,
- * and a long context read from memory (a decode, a verification) waited on one row at a time. */
-static inline const float *staged(const Attention *a, const Tile *tile, const float *cache,
-                                  long j0, long last) {
-    long d = a->head_dim, at = j0 % STAGE_KEYS;
+/* The rows of positions j0 .. min(j0 + STAGE_KEYS, last + 1) of the run of kv heads from the
+ * tile's, copied into its stage when j0 starts a stage's worth (a tight loop of copies, where
+ * reading the cache between the passes' arithmetic stalled on memory at every block); row
+ * j0 + j's place in the stage, the run's heads side by side. A position's rows of the run lie
+ * side by side in the cache too, so the copy reads them in one stream. It prefetches
+ * PREFETCH_ROWS positions ahead: a request's blocks lie anywhere in the cache, so the hardware
+ * prefetchers fall behind, and a long context read from memory (a decode, a verification)
+ * waited on one row at a time. */
+static inline const float *staged(const Attention *a, const Tile *tile, long run,
+                                  const float *cache, long j0, long last) {
+    long row = run * a->head_dim, at = j0 % STAGE_KEYS;
     if (at == 0)
         for (long j = 0; j < STAGE_KEYS && j0 + j <= last; j++) {
             if (j0 + j + PREFETCH_ROWS <= last) {
                 const char *ahead = (const char *)cached(a, cache, tile->table,
                                                          j0 + j + PREFETCH_ROWS, tile->kv_head);
-                for (long i = 0; i < d * (long)sizeof(float); i += 64)
+                for (long i = 0; i < row * (long)sizeof(float); i += 64)
                     _mm_prefetch(ahead + i, _MM_HINT_T0);
             }
-            const float *row = cached(a, cache, tile->table, j0 + j, tile->kv_head);
-            for (long i = 0; i < d; i += LANES)
-                _mm256_storeu_ps(tile->stage + j * d + i, _mm256_loadu_ps(row + i));
+            const float *src = cached(a, cache, tile->table, j0 + j, tile->kv_head);
+            for (long i = 0; i < row; i += LANES)
+                _mm256_storeu_ps(tile->stage + j * row + i, _mm256_loadu_ps(src + i));
         }
-    return tile->stage + at * d;
+    return tile->stage + at * row;
 }
 
 /* Keys of positions at most pos that the block from j0 holds: 0 when none. */
@@ -128,33 +133,41 @@ static inline const float *query(const Attention *a, const Tile *tile, long h) {
     return a->q + (t * a->num_heads + head) * a->head_dim;
 }
 
-/* Pass 1: every query head's scores, scale * q . k; returns their maxima in `max_score`. */
-static void score(const Attention *a, const Tile *tile, long heads, float *max_score) {
-    long chunks = a->head_dim / LANES, last = position(tile, heads - 1);
-    __m256 top[MAX_HEADS];
-    for (long h = 0; h < heads; h++) top[h] = _mm256_set1_ps(-INFINITY);
+/* Pass 1: every query head's scores, scale * q . k, for each tile of the run; returns their
+ * maxima in `max_score`. */
+static void score(const Attention *a, const Tile *tiles, long run, long heads,
+                  float max_score[][MAX_HEADS]) {
+    long d = a->head_dim, chunks = d / LANES, last = position(&tiles[0], heads - 1);
+    __m256 top[MAX_KV_RUN][MAX_HEADS];
+    for (long r = 0; r < run; r++)
+        for (long h = 0; h < heads; h++) top[r][h] = _mm256_set1_ps(-INFINITY);
     static const float zeros[MAX_HEAD_DIM];
     for (long j0 = 0; j0 <= last; j0 += LANES) {
-        const float *keys[LANES], *mine[LANES], *rows = staged(a, tile, a->k_cache, j0, last);
-        for (long j = 0; j < LANES; j++)
-            keys[j] = j < keys_seen(last, j0) ? rows + j * a->head_dim : zeros;
-        for (long h = 0; h < heads; h++) {
-            long n = keys_seen(position(tile, h), j0);
-            if (!n) continue;
-            for (long j = 0; j < LANES; j++) mine[j] = j < n ? keys[j] : zeros;
-            __m256 s = _mm256_mul_ps(dots8(query(a, tile, h), mine, chunks),
-                                     _mm256_set1_ps(a->scale));
-            _mm256_storeu_ps(tile->scores + h * tile->width + j0, s);
-            top[h] = _mm256_blendv_ps(top[h], _mm256_max_ps(top[h], s), first(n));
+        const float *rows = staged(a, &tiles[0], run, a->k_cache, j0, last);
+        for (long r = 0; r < run; r++) {
+            const Tile *tile = &tiles[r];
+            const float *keys[LANES], *mine[LANES];
+            for (long j = 0; j < LANES; j++)
+                keys[j] = j < keys_seen(last, j0) ? rows + (j * run + r) * d : zeros;
+            for (long h = 0; h < heads; h++) {
+                long n = keys_seen(position(tile, h), j0);
+                if (!n) continue;
+                for (long j = 0; j < LANES; j++) mine[j] = j < n ? keys[j] : zeros;
+                __m256 s = _mm256_mul_ps(dots8(query(a, tile, h), mine, chunks),
+                                         _mm256_set1_ps(a->scale));
+                _mm256_storeu_ps(tile->scores + h * tile->width + j0, s);
+                top[r][h] = _mm256_blendv_ps(top[r][h], _mm256_max_ps(top[r][h], s), first(n));
+            }
         }
     }
-    for (long h = 0; h < heads; h++) {
-        float lanes[LANES];
-        _mm256_storeu_ps(lanes, top[h]);
-        max_score[h] = lanes[0];
-        for (int l = 1; l < LANES; l++)
-            max_score[h] = lanes[l] > max_score[h] ? lanes[l] : max_score[h];
-    }
+    for (long r = 0; r < run; r++)
+        for (long h = 0; h < heads; h++) {
+            float lanes[LANES];
+            _mm256_storeu_ps(lanes, top[r][h]);
+            max_score[r][h] = lanes[0];
+            for (int l = 1; l < LANES; l++)
+                max_score[r][h] = lanes[l] > max_score[r][h] ? lanes[l] : max_score[r][h];
+        }
 }
 
 /* Pass 2: a query head's scores become exp(score - max) in place; returns 1 / their sum. */
@@ -196,47 +209,58 @@ static inline void weigh8(float *out, const float *p, const float *rows, long d,
     _mm256_storeu_ps(out + 7 * LANES, a7);
 }
 
-/* Pass 3: every query head's values, weighted key by key in key order, into tile->acc: a stage
- * of keys at a time, each head's sums kept in registers through the stage. */
-static void weigh(const Attention *a, const Tile *tile, long heads) {
-    long d = a->head_dim, chunks = d / LANES, last = position(tile, heads - 1);
-    for (long i = 0; i < heads * d; i++) tile->acc[i] = 0.0f;
+/* Pass 3: every query head's values, weighted key by key in key order, into its tile's acc: a
+ * stage of keys at a time, each head's sums kept in registers through the stage. */
+static void weigh(const Attention *a, const Tile *tiles, long run, long heads) {
+    long d = a->head_dim, chunks = d / LANES, last = position(&tiles[0], heads - 1);
+    for (long r = 0; r < run; r++)
+        for (long i = 0; i < heads * d; i++) tiles[r].acc[i] = 0.0f;
     for (long j0 = 0; j0 <= last; j0 += STAGE_KEYS) {
-        const float *rows = staged(a, tile, a->v_cache, j0, last);
-        for (long h = 0; h < heads; h++) {
-            long n = position(tile, h) + 1 - j0;
-            if (n <= 0) continue;
-            n = n < STAGE_KEYS ? n : STAGE_KEYS;
-            const float *p = tile->scores + h * tile->width + j0;
-            float *out = tile->acc + h * d;
-            long c = 0, i = 0;
-            for (; c + 8 <= chunks; c += 8, i += 8 * LANES) weigh8(out + i, p, rows, d, i, n);
-            /* chunk by chunk, so that each sum stays in one register through the stage */
-            for (; c < chunks; c++, i += LANES) {
-                __m256 acc = _mm256_loadu_ps(out + i);
-                for (long j = 0; j < n; j++)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows + j * d + i),
-                                          acc);
-                _mm256_storeu_ps(out + i, acc);
+        const float *staged_rows = staged(a, &tiles[0], run, a->v_cache, j0, last);
+        for (long r = 0; r < run; r++) {
+            const Tile *tile = &tiles[r];
+            const float *rows = staged_rows + r * d;
+            for (long h = 0; h < heads; h++) {
+                long n = position(tile, h) + 1 - j0;
+                if (n <= 0) continue;
+                n = n < STAGE_KEYS ? n : STAGE_KEYS;
+                const float *p = tile->scores + h * tile->width + j0;
+                float *out = tile->acc + h * d;
+                long c = 0, i = 0;
+                for (; c + 8 <= chunks; c += 8, i += 8 * LANES)
+                    weigh8(out + i, p, rows, run * d, i, n);
+                /* chunk by chunk, so that each sum stays in one register through the stage */
+                for (; c < chunks; c++, i += LANES) {
+                    __m256 acc = _mm256_loadu_ps(out + i);
+                    for (long j = 0; j < n; j++)
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]),
+                                              _mm256_loadu_ps(rows + j * run * d + i), acc);
+                    _mm256_storeu_ps(out + i, acc);
+                }
             }
         }
     }
 }
 
-static void attend(const Attention *a, const Tile *tile) {
-    long heads = (tile->t1 - tile->t0) * tile->group, d = a->head_dim;
-    float max_score[MAX_HEADS], inv_sum[MAX_HEADS];
-    score(a, tile, heads, max_score);
-    for (long h = 0; h < heads; h++)
-        inv_sum[h] = normalise(tile->scores + h * tile->width, position(tile, h), max_score[h]);
-    weigh(a, tile, heads);
-    for (long h = 0; h < heads; h++) {
-        float *out = (float *)query(a, tile, h) - a->q + a->out;
-        __m256 inv = _mm256_set1_ps(inv_sum[h]);
-        for (long c = 0; c < d / LANES; c++)
-            _mm256_storeu_ps(out + c * LANES,
-                             _mm256_mul_ps(_mm256_loadu_ps(tile->acc + h * d + c * LANES), inv));
-    }
+/* A run of tiles: the same queries with kv heads tiles[0].kv_head .. + run - 1. */
+static void attend(const Attention *a, const Tile *tiles, long run) {
+    long heads = (tiles[0].t1 - tiles[0].t0) * tiles[0].group, d = a->head_dim;
+    float max_score[MAX_KV_RUN][MAX_HEADS], inv_sum[MAX_KV_RUN][MAX_HEADS];
+    score(a, tiles, run, heads, max_score);
+    for (long r = 0; r < run; r++)
+        for (long h = 0; h < heads; h++)
+            inv_sum[r][h] = normalise(tiles[r].scores + h * tiles[r].width,
+                                      position(&tiles[r], h), max_score[r][h]);
+    weigh(a, tiles, run, heads);
+    for (long r = 0; r < run; r++)
+        for (long h = 0; h < heads; h++) {
+            const Tile *tile = &tiles[r];
+            float *out = (float *)query(a, tile, h) - a->q + a->out;
+            __m256 inv = _mm256_set1_ps(inv_sum[r][h]);
+            for (long c = 0; c < d / LANES; c++)
+                _mm256_storeu_ps(out + c * LANES, _mm256_mul_ps(
+                                     _mm256_loadu_ps(tile->acc + h * d + c * LANES), inv));
+        }
 }
 
 int faser_paged_attention(const void *q, const void *k_cache, const void *v_cache,
@@ -252,27 +276,55 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     if (group > MAX_GROUP) return -1;
     long *tiles = query_tiles(cu_seqlens_q, seq_lens, num_seqs, TILE, &num_tiles, &longest);
     long width = (longest + LANES) / LANES * LANES;
-    long per_thread = TILE * group * (width + head_dim) + STAGE_KEYS * head_dim;
+    /* A tile of a few queries (decodes, verifications) reads each key for few query heads, so
+     * its time goes to reading the cache: it takes all its kv heads in one work item, their rows
+     * read side by side, while there are tiles enough to keep every thread busy. A tile of a
+     * prefill chunk takes a kv head per item, its stage small enough to stay in L1. */
+    long all = 1;
+    if (num_tiles >= 2 * omp_get_max_threads() && num_kv_heads <= MAX_KV_RUN)
+        for (long s = 0; s < num_seqs && all == 1; s++)
+            if (cu_seqlens_q[s + 1] - cu_seqlens_q[s] <= RUN_QUERIES) all = num_kv_heads;
+    long per_tile = TILE * group * (width + head_dim);
+    long per_thread = per_tile * all + STAGE_KEYS * all * head_dim;
     float *scratch = malloc(sizeof(float) * per_thread * omp_get_max_threads());
-    if (!tiles || !scratch) {
+    long *items = malloc(sizeof(long) * 3 * (num_tiles * num_kv_heads + 1));
+    if (!tiles || !scratch || !items) {
         free(tiles);
         free(scratch);
+        free(items);
         return -2;
+    }
+    long num_items = 0;
+    for (long i = 0; i < num_tiles; i++) {
+        long s = tiles[2 * i], t0 = tiles[2 * i + 1];
+        long run = cu_seqlens_q[s + 1] - t0 <= RUN_QUERIES ? all : 1;
+        for (long kv0 = 0; kv0 < num_kv_heads; kv0 += run, num_items++)
+            items[3 * num_items] = i, items[3 * num_items + 1] = kv0,
+            items[3 * num_items + 2] = run;
     }
     /* a query's bits depend on its own inputs only, so how tiles are shared out is free */
 #pragma omp parallel for schedule(dynamic, 1)
-    for (long item = 0; item < num_tiles * num_kv_heads; item++) {
-        long i = item / num_kv_heads, s = tiles[2 * i];
+    for (long item = 0; item < num_items; item++) {
+        long i = items[3 * item], kv0 = items[3 * item + 1], run = items[3 * item + 2];
+        long s = tiles[2 * i];
         float *mine = scratch + per_thread * omp_get_thread_num();
-        Tile tile = {.t0 = tiles[2 * i + 1], .kv_head = item % num_kv_heads, .group = group,
-                     .width = width, .table = block_tables + s * max_blocks, .scores = mine,
-                     .acc = mine + TILE * group * width,
-                     .stage = mine + TILE * group * (width + head_dim)};
-        tile.t1 = tile.t0 + TILE < cu_seqlens_q[s + 1] ? tile.t0 + TILE : cu_seqlens_q[s + 1];
-        tile.first = seq_lens[s] - (cu_seqlens_q[s + 1] - cu_seqlens_q[s]) - cu_seqlens_q[s];
-        attend(&a, &tile);
+        Tile run_tiles[MAX_KV_RUN];
+        for (long r = 0; r < run; r++) {
+            Tile *tile = &run_tiles[r];
+            *tile = (Tile){.t0 = tiles[2 * i + 1], .kv_head = kv0 + r, .group = group,
+                           .width = width, .table = block_tables + s * max_blocks,
+                           .scores = mine + r * per_tile,
+                           .acc = mine + r * per_tile + TILE * group * width,
+                           .stage = mine + run * per_tile};
+            tile->t1 = tile->t0 + TILE < cu_seqlens_q[s + 1] ? tile->t0 + TILE
+                                                             : cu_seqlens_q[s + 1];
+            tile->first =
+                seq_lens[s] - (cu_seqlens_q[s + 1] - cu_seqlens_q[s]) - cu_seqlens_q[s];
+        }
+        attend(&a, run_tiles, run);
     }
     free(tiles);
     free(scratch);
+    free(items);
     return 0;
 }
