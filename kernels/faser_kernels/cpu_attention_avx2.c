@@ -278,8 +278,9 @@ int faser_paged_attention(const void *q, const void *k_cache, const void *v_cach
     long width = (longest + LANES) / LANES * LANES;
     /* A tile of a few queries (decodes, verifications) reads each key for few query heads, so
      * its time goes to reading the cache: it takes all its kv heads in one work item, their rows
-     * read side by side, while there are tiles enough to keep every thread busy. A tile of a
-     * prefill chunk takes a kv head per item, its stage small enough to stay in L1. */
+     * read side by side, while there are tiles enough to keep every thread busy. A prefill
+     * chunk's tiles share each key among many query heads and keep an item per kv head: in runs
+     * they took longer (docs/performance.md). */
     long all = 1;
     if (num_tiles >= 2 * omp_get_max_threads() && num_kv_heads <= MAX_KV_RUN)
         for (long s = 0; s < num_seqs && all == 1; s++)
