@@ -77,7 +77,8 @@ static inline __m256 dots8(const float *q, const float *const keys[LANES], long 
 #define MAX_GROUP 8  /* query heads per kv head */
 #define MAX_HEADS (TILE * MAX_GROUP)
 #define MAX_KV_RUN 8  /* kv heads per work item */
-#define RUN_QUERIES 4 /* a tile of at most this many queries takes all its kv heads at once */
+#define RUN_QUERIES TILE /* a tile of at most this many queries left in its request takes all
+                              * its kv heads at once */
 
 /* Queries [t0, t1) of a request (query t at position first + t) with the heads of kv_head; its
  * query heads are numbered h = (t - t0) * group + g. */

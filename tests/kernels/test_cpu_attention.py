@@ -93,7 +93,8 @@ def test_a_tile_of_query_heads_that_does_not_fill_its_rows(dtype, num_heads, num
 
 # alone, a request's kv heads go to the threads one by one; in a batch of four or more tiles,
 # each work item takes a run of them (at most 8: the 10 kv heads go in a run of 8 and one of 2;
-# the AVX2 build runs only a tile of at most 4 queries, and all its kv heads up to 8)
+# the AVX2 build runs only a request's last tile (8 queries at most), and all its kv heads up
+# to 8)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 64), (10, 10, 16)])
 def test_a_query_ignores_the_batch_beside_it(dtype, num_heads, num_kv_heads, head_dim):
     case = AttentionCase(num_heads, num_kv_heads, head_dim, 8, q_lens=(1, 3, 12, 1),
