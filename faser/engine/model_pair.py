@@ -12,7 +12,6 @@ from faser.config import EngineConfig
 from faser.models.loader import DRAFT_TOKEN_MAP, load_hf_config, load_model, load_token_map
 from faser.runner.model_runner import RunnerOptions
 from faser.runner.weights import pack_weights, resolve_draft_weights, resolve_weight_format
-from faser_kernels import cpu_linear
 
 
 @dataclass
@@ -52,9 +51,9 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # plentiful: the float32 copy of the head is the size of the vocabulary's embedding)
     float32_head = config.dtype == "bfloat16" and config.device == "cpu"
     weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
-    # a bf16 target keeps GGUF's blocks where AMX multiplies them (measured faster there than the
-    # bf16 panels); without AMX it keeps the panels, the blocks' speed there being unmeasured
-    keep_blocks = weight_format == "packed" and cpu_linear.uses_amx()
+    # a bf16 target keeps GGUF's blocks too: a decode at low load streams a third of the bf16
+    # panels' bytes, and larger calls dequantize each panel once for all their rows
+    keep_blocks = weight_format == "packed"
     target = load_model(target_dir, config.device, config.dtype, max_position,
                         float32_head=float32_head, float32_linears=keep_blocks)
     draft, token_map, draft_dir = None, None, None

@@ -14,7 +14,7 @@ embedding) keeps each linear weight that GGUF's Q4_1 or Q8_0 holds exactly in th
 (cpu_linear.pack_blocks): 0.75 or 1.125 bytes a weight instead of 4, dequantized in the kernel
 to the same float32 weights, so the same bits out. A bf16 model loaded from such a checkpoint
 keeps them too where the loader kept the float32 values beside each bf16 layer
-(faser.models.loader.CHECKPOINT_FLOAT32; the engine asks for them where the CPU has AMX), instead
+(faser.models.loader.CHECKPOINT_FLOAT32; the engine asks for them with packed weights), instead
 of 2 bytes: the kernel rounds each weight to bf16 as it dequantizes it, as the load did.
 
 A draft's packed weights may be quantized (`DRAFT_WEIGHTS`): a draft step streams its weights

@@ -9,7 +9,8 @@
  *   fp32: [num_panels, K, PANEL]
  *   int8: as bf16, with a float32 scale per output (a draft's weights: half the bytes to stream)
  *   GGUF's blocks of a weight that a bf16 model holds rounded (cpu_linear_blocks.c's layout):
- *   dequantized into bf16 panels as a call goes (below)
+ *   dequantized into bf16 panels as a call goes, or into registers for a call of a few rows
+ *   (below)
  * Each panel is multiplied with up to MAX_ROWS rows at a time, all held in registers. An int8
  * weight is widened to bf16 in registers (every int8 is exact in bf16) and its scale applied
  * once per output, after the sum, so the sum walks k as the bf16 kernel's does.
@@ -152,7 +153,11 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, con
  * A float32 checkpoint dequantized from a GGUF file, loaded in bf16, holds each weight rounded to
  * bf16. Its blocks (cpu_linear.pack_blocks) take 0.75 or 1.125 bytes a weight against bf16's 2;
  * a call dequantizes each of its panels into a bf16 panel (pack_weight's layout) and multiplies
- * that as it would the packed bf16 weight: the same weights in the same order, the same bits. */
+ * that as it would the packed bf16 weight: the same weights in the same order, the same bits. A
+ * call of at most REGISTER_ROWS rows (a decode at low load, a short verification) is bound by the
+ * bytes it streams, not by its products: it dequantizes each k pair into registers and multiplies
+ * it there, streaming about a third of the bf16 panels' bytes. Past that the products dominate,
+ * and a panel dequantized once serves all of the call's rows. */
 
 /* Row kk of a block, all PANEL columns, as float32: the values cpu_linear_blocks.c's
  * dequantize_row gives (the same fma or product per column), sixteen columns a vector. */
@@ -176,35 +181,134 @@ static inline __attribute__((always_inline)) void dequantize_row16(const uint8_t
     }
 }
 
-/* Block blk of panel p of a.w's blocks as the bf16 panel's BLOCK / 2 k-pair rows at out: each
- * weight dequantized to float32 as the float32 kernel does, then rounded to nearest even, as
- * torch rounds the float32 checkpoint (a block's weights are zeros or far above float32's
- * denormals, which the conversion flushes). */
-static inline __attribute__((always_inline)) void dequantize_bf16_block(const Linear *a, long p,
-                                                                        long blk,
-                                                                        uint16_t *out) {
-    long block_bytes = a->blocks == BLOCKS_Q4_1 ? Q4_BYTES : Q8_BYTES;
-    const uint8_t *block = (const uint8_t *)a->w + (p * (a->k / BLOCK) + blk) * block_bytes;
+/* A block's d (and m, Q4_1: else d again) for the panel's two halves of sixteen columns. */
+static inline __attribute__((always_inline)) void block_scales(const uint8_t *block, int format,
+                                                               __m512 d[2], __m512 m[2]) {
+    const float *scales = (const float *)block;
+    d[0] = m[0] = _mm512_loadu_ps(scales);
+    d[1] = m[1] = _mm512_loadu_ps(scales + 16);
+    if (format == BLOCKS_Q4_1) {
+        m[0] = _mm512_loadu_ps(scales + PANEL);
+        m[1] = _mm512_loadu_ps(scales + PANEL + 16);
+    }
+}
+
+/* Rows kk and kk + 1 of a block (kk even) as the bf16 panel's k-pair row: columns 0-15 in w0,
+ * 16-31 in w1. Each weight is dequantized to float32 as the float32 kernel does, then rounded to
+ * nearest even, as torch rounds the float32 checkpoint (a block's weights are zeros or far above
+ * float32's denormals, which the conversion flushes). */
+static inline __attribute__((always_inline)) void dequantize_pair(const uint8_t *block, long kk,
+                                                                  int format, const __m512 d[2],
+                                                                  const __m512 m[2], __m512bh *w0,
+                                                                  __m512bh *w1) {
     /* a column's two k as a pair: even k in the low half of each 32-bit lane */
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
                                            24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
                                            16, 0);
-    const float *scales = (const float *)block;
+    __m512 even_lo, even_hi, odd_lo, odd_hi;
+    dequantize_row16(block, kk, format, d, m, &even_lo, &even_hi);
+    dequantize_row16(block, kk + 1, format, d, m, &odd_lo, &odd_hi);
+    *w0 = (__m512bh)_mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(odd_lo, even_lo));
+    *w1 = (__m512bh)_mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(odd_hi, even_hi));
+}
+
+static inline long blocks_bytes(const Linear *a) {
+    return a->blocks == BLOCKS_Q4_1 ? Q4_BYTES : Q8_BYTES;
+}
+
+/* Block blk of panel p of a.w's blocks as the bf16 panel's BLOCK / 2 k-pair rows at out. */
+static inline __attribute__((always_inline)) void dequantize_bf16_block(const Linear *a, long p,
+                                                                        long blk,
+                                                                        uint16_t *out) {
+    long block_bytes = blocks_bytes(a);
+    const uint8_t *block = (const uint8_t *)a->w + (p * (a->k / BLOCK) + blk) * block_bytes;
     prefetch_ahead(block, block_bytes);
-    __m512 d[2] = {_mm512_loadu_ps(scales), _mm512_loadu_ps(scales + 16)}, m[2] = {d[0], d[1]};
-    if (a->blocks == BLOCKS_Q4_1) {
-        m[0] = _mm512_loadu_ps(scales + PANEL);
-        m[1] = _mm512_loadu_ps(scales + PANEL + 16);
-    }
+    __m512 d[2], m[2];
+    block_scales(block, a->blocks, d, m);
     for (long kk = 0; kk < BLOCK; kk += 2) {
-        __m512 even_lo, even_hi, odd_lo, odd_hi;
-        dequantize_row16(block, kk, a->blocks, d, m, &even_lo, &even_hi);
-        dequantize_row16(block, kk + 1, a->blocks, d, m, &odd_lo, &odd_hi);
-        uint16_t *row = out + kk * PANEL; /* k pair kk / 2 */
-        __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(odd_lo, even_lo);
-        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(odd_hi, even_hi);
-        _mm512_storeu_si512(row, _mm512_permutexvar_epi16(pairs, lo));
-        _mm512_storeu_si512(row + 2 * 16, _mm512_permutexvar_epi16(pairs, hi));
+        __m512bh w0, w1;
+        dequantize_pair(block, kk, a->blocks, d, m, &w0, &w1);
+        _mm512_storeu_si512(out + kk * PANEL, (__m512i)w0); /* k pair kk / 2 */
+        _mm512_storeu_si512(out + kk * PANEL + 2 * 16, (__m512i)w1);
+    }
+}
+
+/* Rows [0, ROWS) of panel p of a bf16 call over GGUF's blocks, ROWS <= REGISTER_ROWS: each k pair
+ * dequantized into registers and multiplied there, as panel_bf16 multiplies the bf16 panel's (the
+ * same values in the same order, the same bits) without writing and reading back a panel. */
+static inline __attribute__((always_inline)) void panel_blocks(const Linear *a, long p,
+                                                               const int ROWS) {
+    __m512 acc[REGISTER_ROWS][2];
+    for (int i = 0; i < ROWS; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    long block_bytes = blocks_bytes(a), num_blocks = a->k / BLOCK;
+    const uint8_t *panel = (const uint8_t *)a->w + p * num_blocks * block_bytes;
+    const uint16_t *x = (const uint16_t *)a->x;
+    for (long blk = 0; blk < num_blocks; blk++) {
+        const uint8_t *block = panel + blk * block_bytes;
+        prefetch_ahead(block, block_bytes);
+        __m512 d[2], m[2];
+        block_scales(block, a->blocks, d, m);
+        for (long kk = 0; kk < BLOCK; kk += 2) {
+            __m512bh w0, w1;
+            dequantize_pair(block, kk, a->blocks, d, m, &w0, &w1);
+            for (int i = 0; i < ROWS; i++) {
+                __m512bh xb = (__m512bh)_mm512_set1_epi32(
+                    *(const int32_t *)(x + i * a->k + blk * BLOCK + kk));
+                acc[i][0] = _mm512_dpbf16_ps(acc[i][0], xb, w0);
+                acc[i][1] = _mm512_dpbf16_ps(acc[i][1], xb, w1);
+            }
+        }
+    }
+    for (int i = 0; i < ROWS; i++) store_panel(a, i, p * PANEL, acc[i][0], acc[i][1], 1);
+}
+
+/* One row over panels p and p + 1 at once: four chains of dependent dot products, not two, hide
+ * their latency. */
+static void panel_blocks_pair(const Linear *a, long p) {
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+    long block_bytes = blocks_bytes(a), num_blocks = a->k / BLOCK;
+    long panel_bytes = num_blocks * block_bytes;
+    const uint8_t *panel = (const uint8_t *)a->w + p * panel_bytes;
+    const uint16_t *x = (const uint16_t *)a->x;
+    for (long blk = 0; blk < num_blocks; blk++) {
+        const uint8_t *first = panel + blk * block_bytes, *second = first + panel_bytes;
+        prefetch_ahead(first, block_bytes);
+        prefetch_ahead(second, block_bytes);
+        __m512 d[2], m[2], d2[2], m2[2];
+        block_scales(first, a->blocks, d, m);
+        block_scales(second, a->blocks, d2, m2);
+        for (long kk = 0; kk < BLOCK; kk += 2) {
+            __m512bh w0, w1, w2, w3;
+            dequantize_pair(first, kk, a->blocks, d, m, &w0, &w1);
+            dequantize_pair(second, kk, a->blocks, d2, m2, &w2, &w3);
+            __m512bh xb = (__m512bh)_mm512_set1_epi32(*(const int32_t *)(x + blk * BLOCK + kk));
+            acc0 = _mm512_dpbf16_ps(acc0, xb, w0);
+            acc1 = _mm512_dpbf16_ps(acc1, xb, w1);
+            acc2 = _mm512_dpbf16_ps(acc2, xb, w2);
+            acc3 = _mm512_dpbf16_ps(acc3, xb, w3);
+        }
+    }
+    store_panel(a, 0, p * PANEL, acc0, acc1, 1);
+    store_panel(a, 0, (p + 1) * PANEL, acc2, acc3, 1);
+}
+
+/* A bf16 call of at most REGISTER_ROWS rows over GGUF's blocks: one or two panels an item. */
+static void run_blocks_in_registers(const Linear *a, long num_panels) {
+    long step = a->m == 1 ? 2 : 1;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (long p = 0; p < num_panels; p += step) {
+        switch (a->m) {
+        case 1:
+            if (p + 1 < num_panels)
+                panel_blocks_pair(a, p);
+            else
+                panel_blocks(a, p, 1);
+            break;
+        case 2: panel_blocks(a, p, 2); break;
+        case 3: panel_blocks(a, p, 3); break;
+        case 4: panel_blocks(a, p, 4); break;
+        default: panel_blocks(a, p, 5); break;
+        }
     }
 }
 
@@ -418,6 +522,10 @@ static void run(const Linear *a, int format) {
         return;
     }
     long num_panels = (a->n + PANEL - 1) / PANEL;
+    if (format == BF16 && a->blocks && a->m <= REGISTER_ROWS) {
+        run_blocks_in_registers(a, num_panels);
+        return;
+    }
     long panel_bytes = a->k * PANEL * (format == F32 ? 4 : format == BF16 ? 2 : 1);
 #pragma omp parallel for schedule(dynamic, 1)
     for (long p = 0; p < num_panels; p++) {

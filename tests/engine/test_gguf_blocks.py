@@ -1,6 +1,6 @@
 """A model dequantized from a GGUF file (Q4_1 layers, a Q8_0 embedding, as the embedded default)
 runs its linear layers from those blocks (faser.runner.weights, cpu_linear_blocks.c), in float32
-and, where AMX multiplies them, in bf16 (each weight rounded as it is dequantized): the same
+and in bf16 (each weight rounded as it is dequantized): the same
 tokens as from the dtype's panels, plain and speculative, in one C call per forward and layer by
 layer."""
 
@@ -38,8 +38,6 @@ def gguf_pair(tmp_path_factory) -> tuple[Path, Path]:
 def _runs(dtype: str) -> None:
     if (reason := unavailable_reason(getattr(torch, dtype))) is not None:
         pytest.skip(reason)
-    if dtype == "bfloat16" and not cpu_linear.uses_amx():
-        pytest.skip("a bf16 target keeps GGUF's blocks only where AMX multiplies them")
 
 
 def _tokens(pair, policy: str, dtype: str, fused: bool = True) -> list[list[int]]:

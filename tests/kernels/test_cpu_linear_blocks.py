@@ -61,7 +61,7 @@ def test_blocks_in_bf16_give_the_rounded_weights_bf16_panels_bits(blocks, n, k):
     panels = cpu_linear.pack_weight(weight.bfloat16())
     torch.manual_seed(k)
     bias, x = torch.randn(n), torch.randn(300, k).bfloat16()
-    for m in (1, 2, 5, 16, 17, 40, 64, 70, 300):  # 40: a last row tile alone
+    for m in (1, 2, 3, 4, 5, 6, 16, 17, 40, 64, 70, 300):  # 40: a last row tile alone
         got = cpu_linear.linear(x[:m], packed, bias)
         assert torch.equal(got, cpu_linear.linear(x[:m], panels, bias)), (blocks, m)
 
