@@ -522,7 +522,7 @@ static void run(const Linear *a, int format) {
         return;
     }
     long num_panels = (a->n + PANEL - 1) / PANEL;
-    if (format == BF16 && a->blocks && a->m <= REGISTER_ROWS) {
+    if (format == BF16 && a->blocks && a->m >= 1 && a->m <= REGISTER_ROWS) {
         run_blocks_in_registers(a, num_panels);
         return;
     }
