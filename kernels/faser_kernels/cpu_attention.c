@@ -41,6 +41,7 @@
 #define MAX_HEADS (TILE * MAX_GROUP)
 #define MAX_KV_RUN 8  /* kv heads per work item */
 #define STAGE_KEYS 64 /* keys copied to the stage at a time */
+#define PREFETCH_ROWS 16 /* positions the copy asks for ahead of the one it copies */
 
 typedef struct {
     const void *q, *k_cache, *v_cache;
@@ -88,10 +89,12 @@ static inline __m512 sum16(const __m512 v[16]) {
 }
 
 /* Copies keys (or values) j0 .. j0 + n - 1 of kv heads kv0 .. kv0 + run - 1 into `stage`, as
- * [n][run][head_dim]: a tight loop of copies that the hardware prefetchers keep ahead of, where
- * reading the cache in the passes' own order would stall on memory block by block. */
+ * [n][run][head_dim]: a tight loop of copies, where reading the cache in the passes' own order
+ * would stall on memory block by block. It prefetches the rows PREFETCH_ROWS positions ahead (up
+ * to `last`, the request's last): a request's blocks lie anywhere in the cache, so the hardware
+ * prefetchers fall behind at every block. */
 static void stage_rows(const Attention *a, const int32_t *table, const void *cache, long j0,
-                       long n, long kv0, long run, void *stage) {
+                       long n, long last, long kv0, long run, void *stage) {
     long elt = a->bf16 ? 2 : 4, row = run * a->head_dim * elt;
     long stride = a->num_kv_heads * a->head_dim * elt;
     const char *base = (const char *)cache + kv0 * a->head_dim * elt;
@@ -100,6 +103,11 @@ static void stage_rows(const Attention *a, const int32_t *table, const void *cac
         long b = (j0 + j) / a->block_size, offset = (j0 + j) % a->block_size;
         long len = a->block_size - offset < n - j ? a->block_size - offset : n - j;
         const char *src = base + ((long)table[b] * a->block_size + offset) * stride;
+        for (long p = j0 + j + PREFETCH_ROWS; p < j0 + j + PREFETCH_ROWS + len && p <= last; p++) {
+            long block = table[p / a->block_size];
+            const char *ahead = base + (block * a->block_size + p % a->block_size) * stride;
+            for (long byte = 0; byte < row; byte += 64) _mm_prefetch(ahead + byte, _MM_HINT_T0);
+        }
         if (row == stride)
             memcpy(out, src, len * row);
         else
@@ -359,7 +367,7 @@ static inline __attribute__((always_inline)) void attend_tiles(const Attention *
     long last_pos = tiles[0].last_pos, kv0 = tiles[0].kv_head, stride = num * d;
     for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
         long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
-        stage_rows(a, tiles[0].table, a->k_cache, g0, n, kv0, num, stage);
+        stage_rows(a, tiles[0].table, a->k_cache, g0, n, last_pos, kv0, num, stage);
         for (long j0 = g0; j0 < g0 + n; j0 += 16)
             for (long i = 0; i < num; i++) {
                 const void *keys = at(a, stage, (j0 - g0) * stride + i * d);
@@ -380,7 +388,7 @@ static inline __attribute__((always_inline)) void attend_tiles(const Attention *
     if (packed) configure_tiles();
     for (long g0 = 0; g0 <= last_pos; g0 += STAGE_KEYS) {
         long n = last_pos + 1 - g0 < STAGE_KEYS ? last_pos + 1 - g0 : STAGE_KEYS;
-        stage_rows(a, tiles[0].table, a->v_cache, g0, n, kv0, num, stage);
+        stage_rows(a, tiles[0].table, a->v_cache, g0, n, last_pos, kv0, num, stage);
         for (long j0 = g0; j0 < g0 + n; j0 += packed ? PAIR_KEYS : 16)
             for (long i = 0; i < num; i++) {
                 const void *values = at(a, stage, (j0 - g0) * stride + i * d);
