@@ -51,7 +51,7 @@ def load_pair(config: EngineConfig, max_k: int) -> ModelPair:
     # plentiful: the float32 copy of the head is the size of the vocabulary's embedding)
     float32_head = config.dtype == "bfloat16" and config.device == "cpu"
     weight_format = resolve_weight_format(config.weight_format, config.device, config.dtype)
-    # a bf16 target keeps GGUF's blocks too: a decode at low load streams a third of the bf16
+    # a bf16 target keeps GGUF's blocks too: a decode at low load streams 0.375-0.56x the bf16
     # panels' bytes, and larger calls dequantize each panel once for all their rows
     keep_blocks = weight_format == "packed"
     target = load_model(target_dir, config.device, config.dtype, max_position,

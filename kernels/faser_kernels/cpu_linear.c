@@ -154,10 +154,11 @@ static inline __attribute__((always_inline)) void panel_f32(const Linear *a, con
  * bf16. Its blocks (cpu_linear.pack_blocks) take 0.75 or 1.125 bytes a weight against bf16's 2;
  * a call dequantizes each of its panels into a bf16 panel (pack_weight's layout) and multiplies
  * that as it would the packed bf16 weight: the same weights in the same order, the same bits. A
- * call of at most REGISTER_ROWS rows (a decode at low load, a short verification) is bound by the
- * bytes it streams, not by its products: it dequantizes each k pair into registers and multiplies
- * it there, streaming about a third of the bf16 panels' bytes. Past that the products dominate,
- * and a panel dequantized once serves all of the call's rows. */
+ * call of at most REGISTER_ROWS rows (a decode at low load, a short verification) dequantizes each
+ * k pair into registers and multiplies it there instead, streaming 0.375-0.56x the bf16 panels'
+ * bytes and storing none; the dequantization costs about as much as the stream, so each row
+ * past the first adds its products to a call that is already near its compute. Past that, a
+ * panel dequantized once serves all of the call's rows. */
 
 /* Row kk of a block, all PANEL columns, as float32: the values cpu_linear_blocks.c's
  * dequantize_row gives (the same fma or product per column), sixteen columns a vector. */
